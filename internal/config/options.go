@@ -1,0 +1,40 @@
+// Package config loads kproxy's configuration exactly as upstream kube-proxy
+// v1.36 does: a kubeproxy.config.k8s.io/v1alpha1 KubeProxyConfiguration file
+// (--config), upstream's flags with the same names, types and defaults, and
+// upstream's precedence between the two. Validate reports every problem at once.
+package config
+
+import (
+	kpv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
+)
+
+// Options is the fully loaded, defaulted and validated configuration of one
+// kproxy process.
+type Options struct {
+	// Config is the effective KubeProxyConfiguration (file, then flags, then
+	// defaults), as upstream would compute it.
+	Config *kpv1alpha1.KubeProxyConfiguration
+
+	// ConfigFile is --config, "" when unset.
+	ConfigFile string
+	// Master is --master (overrides the kubeconfig's server).
+	Master string
+	// WriteConfigTo is --write-config-to: write the effective config and exit.
+	WriteConfigTo string
+	// CleanupAndExit is --cleanup.
+	CleanupAndExit bool
+	// InitOnly is --init-only: do privileged node setup and exit.
+	InitOnly bool
+
+	// SourceFile is --source-file (kproxy extension): read Services,
+	// EndpointSlices and Nodes from this multi-document YAML file instead of
+	// the API server. Re-read when it changes.
+	SourceFile string
+	// DryRun is --dry-run (kproxy extension): print what the dataplane would
+	// program after the first sync instead of touching the kernel, then exit.
+	DryRun bool
+
+	// Warnings are non-fatal problems found while loading (unknown fields in
+	// the config file, deprecated flags); the caller logs them.
+	Warnings []string
+}

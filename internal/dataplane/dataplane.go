@@ -1,0 +1,88 @@
+// Package dataplane defines the contract between the runner and the kernel
+// backends (nftables, iptables, later ipvs). A backend renders a model.Snapshot
+// into kernel state with a pure function and applies only the difference.
+package dataplane
+
+import (
+	"context"
+	"io"
+	"net/netip"
+
+	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/objects"
+)
+
+// Dataplane makes the kernel match a Snapshot.
+type Dataplane interface {
+	// Name is the proxy mode: "nftables", "iptables", ...
+	Name() string
+	// Sync makes the kernel match snap. It must be atomic per family: either
+	// the whole change lands or none of it. When req.Full is false the backend
+	// may rewrite only what req.Changed names (it still must end up matching
+	// snap). An error leaves the kernel in its previous state; the runner retries.
+	Sync(ctx context.Context, snap *model.Snapshot, req SyncRequest) error
+	// Drifted reports, cheaply, whether kproxy's kernel state was changed
+	// behind its back (a table or canary chain deleted or flushed). The runner
+	// polls it every second and forces a full sync when it returns true.
+	Drifted(ctx context.Context) (bool, error)
+	// Cleanup removes every kernel object this backend, or upstream
+	// kube-proxy in the same mode, created. Removing what is absent is no error.
+	Cleanup(ctx context.Context) error
+}
+
+// SyncRequest says what changed since the last successful Sync.
+type SyncRequest struct {
+	// Full asks to rewrite everything and re-read what is in the kernel.
+	Full bool
+	// Changed names the Services added, updated or removed since the last
+	// successful Sync. Ignored when Full is set.
+	Changed map[objects.Key]struct{}
+	// NodeChanged is true when this node's Node object changed.
+	NodeChanged bool
+}
+
+// DryRunner is implemented by backends that can print what Sync would program
+// instead of applying it (kproxy --dry-run).
+type DryRunner interface {
+	// Render writes the complete desired kernel state for snap in the
+	// backend's native text form (nft -f, iptables-restore).
+	Render(w io.Writer, snap *model.Snapshot) error
+}
+
+// LocalMode is how traffic from local pods is told apart (detectLocalMode).
+type LocalMode string
+
+const (
+	LocalNone            LocalMode = ""
+	LocalClusterCIDR     LocalMode = "ClusterCIDR"
+	LocalNodeCIDR        LocalMode = "NodeCIDR"
+	LocalBridgeInterface LocalMode = "BridgeInterface"
+	LocalInterfacePrefix LocalMode = "InterfaceNamePrefix"
+)
+
+// Config is what every backend needs from the KubeProxyConfiguration.
+type Config struct {
+	// Families are the IP families to program (from the node's addresses and
+	// the kernel's support), IPv4 first.
+	Families []model.Family
+	// MasqueradeBit is the fwmark bit (0-31) that marks packets to masquerade.
+	MasqueradeBit int
+	// MasqueradeAll masquerades all traffic to service IPs.
+	MasqueradeAll bool
+	// LocalMode and its parameters decide which traffic comes from local pods.
+	LocalMode LocalMode
+	// ClusterCIDRs are used by LocalClusterCIDR (both families mixed).
+	ClusterCIDRs []netip.Prefix
+	// BridgeInterface is used by LocalBridgeInterface.
+	BridgeInterface string
+	// InterfacePrefix is used by LocalInterfacePrefix.
+	InterfacePrefix string
+	// NodePortAddresses is nodePortAddresses as configured: CIDRs and/or the
+	// word "primary". Empty means the mode's default.
+	NodePortAddresses []string
+	// NodeIPs are the node's primary IPs (from --bind-address or the Node object).
+	NodeIPs []netip.Addr
+	// TableName overrides the kernel table (nftables) name; empty means
+	// "kproxy". Upstream's "kube-proxy" tables are leftovers to remove.
+	TableName string
+}

@@ -1,0 +1,227 @@
+// Package model turns the slim Service, EndpointSlice and Node objects into an
+// immutable Snapshot: for every service port and IP family, its frontends and the
+// endpoints that serve cluster and local traffic. It is pure: no I/O, no clock,
+// no goroutines. Every dataplane renders the same Snapshot.
+package model
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/kproxy/kproxy/internal/objects"
+)
+
+// Family is an IP family.
+type Family uint8
+
+const (
+	IPv4 Family = 4
+	IPv6 Family = 6
+)
+
+func (f Family) String() string {
+	if f == IPv6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+// FamilyOf returns the family of a valid address (IPv4-mapped IPv6 counts as IPv4).
+func FamilyOf(a netip.Addr) Family {
+	if a.Unmap().Is4() {
+		return IPv4
+	}
+	return IPv6
+}
+
+// Protocol is a transport protocol a Service port can use.
+type Protocol string
+
+const (
+	TCP  Protocol = "TCP"
+	UDP  Protocol = "UDP"
+	SCTP Protocol = "SCTP"
+)
+
+// PortID names a service port: namespace, Service name, port name and protocol.
+// It is unique within a family.
+type PortID struct {
+	Namespace string
+	Name      string
+	Port      string // the port's name; "" for an unnamed port
+	Protocol  Protocol
+}
+
+// Service returns the namespace/name of the Service the port belongs to.
+func (id PortID) Service() objects.Key { return objects.Key{Namespace: id.Namespace, Name: id.Name} }
+
+func (id PortID) String() string {
+	s := id.Namespace + "/" + id.Name
+	if id.Port != "" {
+		s += ":" + id.Port
+	}
+	return s
+}
+
+// Less orders PortIDs by namespace, name, port name and protocol.
+func (id PortID) Less(o PortID) bool {
+	if id.Namespace != o.Namespace {
+		return id.Namespace < o.Namespace
+	}
+	if id.Name != o.Name {
+		return id.Name < o.Name
+	}
+	if id.Port != o.Port {
+		return id.Port < o.Port
+	}
+	return id.Protocol < o.Protocol
+}
+
+// Snapshot is the whole desired proxy state at one moment. It is immutable once
+// built: dataplanes and tools may share it freely.
+type Snapshot struct {
+	Node NodeInfo
+	// V4 and V6 hold the service ports of each family. A dual-stack Service
+	// appears in both; a single-stack one in one. Never nil.
+	V4 *FamilySnapshot
+	V6 *FamilySnapshot
+}
+
+// Family returns the per-family part of the snapshot.
+func (s *Snapshot) Family(f Family) *FamilySnapshot {
+	if f == IPv6 {
+		return s.V6
+	}
+	return s.V4
+}
+
+// FamilySnapshot is the part of a Snapshot for one IP family.
+type FamilySnapshot struct {
+	Family Family
+	// Ports is sorted by ID.
+	Ports []*ServicePort
+	// ByID indexes Ports.
+	ByID map[PortID]*ServicePort
+}
+
+// NodeInfo is what the proxy knows about the node it runs on.
+type NodeInfo struct {
+	Name string
+	// Known is false until the Node object has been seen (or when it is gone).
+	Known       bool
+	Zone        string
+	PodCIDRs    []netip.Prefix
+	InternalIPs []netip.Addr
+	ExternalIPs []netip.Addr
+	Deleting    bool
+	ToBeDeleted bool
+}
+
+// ServicePort is one port of one Service in one IP family, with its frontends
+// and endpoints categorised exactly as upstream kube-proxy does.
+type ServicePort struct {
+	ID       PortID
+	Family   Family
+	Protocol Protocol
+	Port     uint16
+	// NodePort is 0 when the port has none.
+	NodePort uint16
+
+	// ClusterIP is this family's cluster IP.
+	ClusterIP netip.Addr
+	// ExternalIPs are spec.externalIPs of this family.
+	ExternalIPs []netip.Addr
+	// LoadBalancerIPs are the status ingress IPs of this family with ipMode VIP
+	// (or unset); ingress IPs with ipMode Proxy are left out, as upstream does.
+	LoadBalancerIPs []netip.Addr
+	// SourceRanges are spec.loadBalancerSourceRanges of this family.
+	SourceRanges []netip.Prefix
+
+	// AffinityTimeout is the ClientIP session affinity timeout in seconds;
+	// 0 means no session affinity.
+	AffinityTimeout int32
+
+	// ExternalPolicyLocal is true when externalTrafficPolicy is Local and the
+	// port is reachable from outside (NodePort, LoadBalancer or externalIPs).
+	ExternalPolicyLocal bool
+	// InternalPolicyLocal is true when internalTrafficPolicy is Local.
+	InternalPolicyLocal bool
+	// HealthCheckNodePort serves /healthz for ExternalPolicyLocal; 0 if none.
+	HealthCheckNodePort uint16
+
+	// Endpoints are all endpoints of this family for this port, deduplicated
+	// across slices, sorted by address and port.
+	Endpoints []*Endpoint
+	// ClusterEndpoints serve traffic subject to the Cluster policy (nil when
+	// the port uses none); LocalEndpoints serve traffic subject to the Local
+	// policy (nil when the port uses none). AllReachable is the union that any
+	// traffic may reach, used for stale-conntrack cleanup.
+	ClusterEndpoints []*Endpoint
+	LocalEndpoints   []*Endpoint
+	AllReachable     []*Endpoint
+	// HasEndpoints is true when any endpoint (ready, serving or terminating)
+	// exists, even if none is usable: it decides between reject and drop.
+	HasEndpoints bool
+	// LocalReadyEndpoints counts ready endpoints on this node; it drives the
+	// health-check node port answer.
+	LocalReadyEndpoints int
+
+	// TriggerTime is the newest last-change-trigger-time of the port's slices
+	// that is not yet programmed; zero when unknown. Used for metrics only.
+}
+
+// ExternallyAccessible reports whether the port has a NodePort, external IPs or
+// load-balancer IPs.
+func (p *ServicePort) ExternallyAccessible() bool {
+	return p.NodePort != 0 || len(p.ExternalIPs) > 0 || len(p.LoadBalancerIPs) > 0
+}
+
+// UsesClusterEndpoints reports whether any traffic to the port is subject to
+// the Cluster policy.
+func (p *ServicePort) UsesClusterEndpoints() bool {
+	return !p.InternalPolicyLocal || (p.ExternallyAccessible() && !p.ExternalPolicyLocal)
+}
+
+// UsesLocalEndpoints reports whether any traffic to the port is subject to the
+// Local policy.
+func (p *ServicePort) UsesLocalEndpoints() bool {
+	return p.InternalPolicyLocal || p.ExternalPolicyLocal
+}
+
+// Endpoint is one backend of a service port.
+type Endpoint struct {
+	IP   netip.Addr
+	Port uint16
+	// Ready, Serving and Terminating are the slice conditions with upstream's
+	// defaults applied (a missing ready counts as ready; a missing serving
+	// follows ready).
+	Ready       bool
+	Serving     bool
+	Terminating bool
+	NodeName    string
+	Zone        string
+	// IsLocal is true when the endpoint runs on this node.
+	IsLocal bool
+	// ZoneHints and NodeHints are the slice's topology hints; nil when absent.
+	ZoneHints []string
+	NodeHints []string
+}
+
+// AddrPort returns the endpoint as address and port.
+func (e *Endpoint) AddrPort() netip.AddrPort { return netip.AddrPortFrom(e.IP, e.Port) }
+
+func (e *Endpoint) String() string { return e.AddrPort().String() }
+
+// Problem is a reason an object, or part of one, was skipped while building a
+// Snapshot. Problems are reported (logged, evented) by the caller; the rest of
+// the snapshot is unaffected.
+type Problem struct {
+	Kind   string // Service, EndpointSlice or Node
+	Object objects.Key
+	Field  string
+	Reason string
+}
+
+func (p Problem) String() string {
+	return fmt.Sprintf("%s %s: %s: %s", p.Kind, p.Object, p.Field, p.Reason)
+}

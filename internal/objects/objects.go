@@ -1,0 +1,150 @@
+// Package objects holds the slim forms of the Kubernetes objects kproxy watches.
+//
+// Sources (the API informers and the file source) convert Services, EndpointSlices
+// and Nodes into these structs before caching them, so that only the fields the
+// proxy needs stay in memory. The model package reads nothing else. Addresses are
+// kept as the API wrote them (strings); the model parses and validates them, so a
+// malformed object is reported once, in one place.
+package objects
+
+// Well-known labels, annotations and taints kproxy reads.
+const (
+	LabelServiceName       = "kubernetes.io/service-name"
+	LabelServiceProxyName  = "service.kubernetes.io/service-proxy-name"
+	LabelHeadless          = "service.kubernetes.io/headless"
+	LabelTopologyZone      = "topology.kubernetes.io/zone"
+	AnnotationTriggerTime  = "endpoints.kubernetes.io/last-change-trigger-time"
+	TaintToBeDeletedByCA   = "ToBeDeletedByClusterAutoscaler"
+	ClusterIPNone          = "None"
+	ServiceTypeClusterIP   = "ClusterIP"
+	ServiceTypeNodePort    = "NodePort"
+	ServiceTypeLB          = "LoadBalancer"
+	ServiceTypeExternal    = "ExternalName"
+	PolicyLocal            = "Local"
+	PolicyCluster          = "Cluster"
+	AffinityClientIP       = "ClientIP"
+	LoadBalancerIPModeVIP  = "VIP"
+	LoadBalancerIPModeProx = "Proxy"
+	AddressTypeIPv4        = "IPv4"
+	AddressTypeIPv6        = "IPv6"
+)
+
+// Key names an object: namespace and name (Nodes have an empty namespace).
+type Key struct {
+	Namespace string
+	Name      string
+}
+
+func (k Key) String() string {
+	if k.Namespace == "" {
+		return k.Name
+	}
+	return k.Namespace + "/" + k.Name
+}
+
+// Service is the slim form of a core/v1 Service.
+type Service struct {
+	Namespace string
+	Name      string
+	// ResourceVersion lets the change tracker drop no-op updates cheaply.
+	ResourceVersion string
+
+	Type       string   // ClusterIP, NodePort, LoadBalancer, ExternalName
+	ClusterIPs []string // primary first, as in spec.clusterIPs; "None" for headless
+	Ports      []ServicePort
+
+	ExternalIPs              []string
+	LoadBalancerIngress      []LoadBalancerIngress
+	LoadBalancerSourceRanges []string
+
+	SessionAffinity        string // "" or None, or ClientIP
+	SessionAffinityTimeout int32  // seconds; 0 means the API default (10800)
+
+	ExternalTrafficPolicy string // "" (Cluster), Cluster, Local
+	InternalTrafficPolicy string // "" (Cluster), Cluster, Local
+	HealthCheckNodePort   int32
+
+	TrafficDistribution string // spec.trafficDistribution, "" when unset
+}
+
+// Key returns the Service's namespace and name.
+func (s *Service) Key() Key { return Key{s.Namespace, s.Name} }
+
+// ServicePort is one entry of spec.ports.
+type ServicePort struct {
+	Name     string
+	Protocol string // TCP, UDP, SCTP; "" means TCP
+	Port     int32
+	NodePort int32
+}
+
+// LoadBalancerIngress is one entry of status.loadBalancer.ingress that has an IP.
+type LoadBalancerIngress struct {
+	IP     string
+	IPMode string // "" (VIP), VIP or Proxy
+}
+
+// EndpointSlice is the slim form of a discovery/v1 EndpointSlice.
+type EndpointSlice struct {
+	Namespace       string
+	Name            string
+	ResourceVersion string
+
+	ServiceName string // the kubernetes.io/service-name label
+	AddressType string // IPv4, IPv6, FQDN
+	Ports       []EndpointPort
+	Endpoints   []Endpoint
+
+	// TriggerTime is the endpoints.kubernetes.io/last-change-trigger-time
+	// annotation, RFC 3339, or "" when absent.
+	TriggerTime string
+}
+
+// Key returns the slice's namespace and name.
+func (s *EndpointSlice) Key() Key { return Key{s.Namespace, s.Name} }
+
+// ServiceKey returns the namespace and name of the Service the slice belongs to.
+func (s *EndpointSlice) ServiceKey() Key { return Key{s.Namespace, s.ServiceName} }
+
+// EndpointPort is one entry of an EndpointSlice's ports. A nil Name means unnamed.
+type EndpointPort struct {
+	Name     string
+	Protocol string // "" means TCP
+	Port     int32  // 0 means "all ports" in the API; the model skips it
+}
+
+// Endpoint is one entry of an EndpointSlice's endpoints.
+type Endpoint struct {
+	Addresses []string // only the first is used, as upstream does
+	// Conditions; nil means unknown. A nil Ready counts as ready.
+	Ready       *bool
+	Serving     *bool
+	Terminating *bool
+	NodeName    string
+	Zone        string
+	HintZones   []string // hints.forZones
+	HintNodes   []string // hints.forNodes
+}
+
+// Node is the slim form of this node's core/v1 Node object.
+type Node struct {
+	Name            string
+	ResourceVersion string
+	Labels          map[string]string // only the labels kproxy reads (zone)
+	PodCIDRs        []string
+	InternalIPs     []string
+	ExternalIPs     []string
+	// Deleting is true once metadata.deletionTimestamp is set.
+	Deleting bool
+	// ToBeDeleted is true when the node carries the cluster autoscaler's
+	// ToBeDeletedByClusterAutoscaler taint.
+	ToBeDeleted bool
+}
+
+// Zone returns the topology.kubernetes.io/zone label, or "".
+func (n *Node) Zone() string {
+	if n == nil {
+		return ""
+	}
+	return n.Labels[LabelTopologyZone]
+}
