@@ -1,0 +1,79 @@
+package conntrack
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/kproxy/kproxy/internal/model"
+)
+
+func snapshot(v4 ...*model.ServicePort) *model.Snapshot {
+	return &model.Snapshot{V4: fam(v4...), V6: &model.FamilySnapshot{Family: model.IPv6, ByID: map[model.PortID]*model.ServicePort{}}}
+}
+
+func TestCleanerClean(t *testing.T) {
+	ctx := context.Background()
+	old := svc("dns", model.UDP, "198.18.0.10", 53, 0, ep("198.19.1.1:53", true))
+	moved := svc("dns", model.UDP, "198.18.0.10", 53, 0, ep("198.19.1.2:53", true))
+	table := NewFakeTable()
+	keep := flow(model.UDP, "198.18.0.10:53", "198.19.1.2:53")
+	gone := flow(model.UDP, "198.18.0.10:53", "198.19.1.1:53")
+	other := flow(model.UDP, "198.18.0.99:53", "198.19.1.1:53")
+	table.Add(model.IPv4, keep, gone, other)
+	c := NewCleaner(table)
+
+	res := c.Clean(ctx, snapshot(old), snapshot(moved), false)
+	if len(res) != 2 || res[0].Family != model.IPv4 || res[0].Deleted != 1 || res[0].Err != nil {
+		t.Fatalf("Clean results = %+v, want IPv4 with 1 deleted", res)
+	}
+	if !res[1].Skipped || table.Walks[model.IPv6] != 0 {
+		t.Errorf("IPv6 has nothing to clean but was walked: %+v", res[1])
+	}
+	if got := table.Flows(model.IPv4); len(got) != 2 || got[0] != keep || got[1] != other {
+		t.Errorf("flows left = %v, want [%v %v]", got, keep, other)
+	}
+
+	// Nothing changed: the table is not read at all.
+	walks := table.Walks[model.IPv4]
+	next := snapshot(moved)
+	res = c.Clean(ctx, next, next, false)
+	if !res[0].Skipped || table.Walks[model.IPv4] != walks {
+		t.Errorf("unchanged snapshot walked the table: %+v", res)
+	}
+
+	table.Err = errors.New("netlink says no")
+	res = c.Clean(ctx, snapshot(old), snapshot(moved), false)
+	if res[0].Err == nil {
+		t.Errorf("table error not reported: %+v", res)
+	}
+}
+
+func TestToFlow(t *testing.T) {
+	mk := func(proto uint8) *netlink.ConntrackFlow {
+		return &netlink.ConntrackFlow{
+			FamilyType: unix.AF_INET,
+			Forward:    netlink.IPTuple{Protocol: proto, SrcIP: []byte{198, 18, 5, 5}, DstIP: []byte{198, 18, 0, 10}, SrcPort: 40000, DstPort: 53},
+			Reverse:    netlink.IPTuple{Protocol: proto, SrcIP: []byte{198, 19, 1, 1}, DstIP: []byte{198, 18, 5, 5}, SrcPort: 5353, DstPort: 40000},
+		}
+	}
+	f, ok := toFlow(mk(unix.IPPROTO_UDP))
+	want := Flow{model.UDP, netip.MustParseAddrPort("198.18.0.10:53"), netip.MustParseAddrPort("198.19.1.1:5353")}
+	if !ok || f != want {
+		t.Errorf("toFlow(UDP) = %v %v, want %v", f, ok, want)
+	}
+	if f, ok := toFlow(mk(unix.IPPROTO_SCTP)); !ok || f.Protocol != model.SCTP {
+		t.Errorf("toFlow(SCTP) = %v %v", f, ok)
+	}
+	if _, ok := toFlow(mk(unix.IPPROTO_TCP)); ok {
+		t.Error("toFlow(TCP) accepted a TCP flow")
+	}
+	called := false
+	if flowFilter(func(Flow) bool { called = true; return true }).MatchConntrackFlow(mk(unix.IPPROTO_TCP)) || called {
+		t.Error("filter consulted the plan for a TCP flow")
+	}
+}

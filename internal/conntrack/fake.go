@@ -1,0 +1,55 @@
+package conntrack
+
+import (
+	"sync"
+
+	"github.com/kproxy/kproxy/internal/model"
+)
+
+// FakeTable is an in-memory Table for tests.
+type FakeTable struct {
+	mu    sync.Mutex
+	flows map[model.Family][]Flow
+	// Err, when set, is returned by DeleteFlows after deleting nothing.
+	Err error
+	// Walks counts DeleteFlows calls per family.
+	Walks map[model.Family]int
+}
+
+// NewFakeTable returns an empty FakeTable.
+func NewFakeTable() *FakeTable {
+	return &FakeTable{flows: map[model.Family][]Flow{}, Walks: map[model.Family]int{}}
+}
+
+// Add puts flows into the table of family.
+func (t *FakeTable) Add(family model.Family, flows ...Flow) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.flows[family] = append(t.flows[family], flows...)
+}
+
+// Flows returns the flows of family that are left.
+func (t *FakeTable) Flows(family model.Family) []Flow {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]Flow(nil), t.flows[family]...)
+}
+
+// DeleteFlows implements Table.
+func (t *FakeTable) DeleteFlows(family model.Family, stale func(Flow) bool) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.Walks[family]++
+	if t.Err != nil {
+		return 0, t.Err
+	}
+	kept := t.flows[family][:0]
+	for _, f := range t.flows[family] {
+		if !stale(f) {
+			kept = append(kept, f)
+		}
+	}
+	n := len(t.flows[family]) - len(kept)
+	t.flows[family] = kept
+	return n, nil
+}

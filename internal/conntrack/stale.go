@@ -1,0 +1,187 @@
+// Package conntrack keeps the kernel's connection-tracking table in step with
+// the Services kproxy programs: it deletes UDP and SCTP entries that still send
+// a Service's traffic to an endpoint that no longer serves it (or that were
+// created while the Service had no endpoint), and it sets the nf_conntrack
+// sysctls from the KubeProxyConfiguration's conntrack block.
+//
+// The decision is pure (NewPlan, Plan.Stale); the kernel is behind the small
+// Table interface, with a netlink implementation and a fake for tests.
+package conntrack
+
+import (
+	"net/netip"
+	"slices"
+
+	"github.com/kproxy/kproxy/internal/model"
+)
+
+// Flow is the part of a conntrack entry the cleanup looks at.
+type Flow struct {
+	Protocol model.Protocol
+	// OrigDst is the original destination: a Service frontend (ClusterIP,
+	// external or load-balancer IP with the service port, or any address with
+	// a NodePort).
+	OrigDst netip.AddrPort
+	// ReplySrc is where replies come from: the endpoint the flow was DNATed to,
+	// or OrigDst when it was not DNATed.
+	ReplySrc netip.AddrPort
+}
+
+type frontend struct {
+	proto model.Protocol
+	addr  netip.AddrPort
+}
+
+type nodePort struct {
+	proto model.Protocol
+	port  uint16
+}
+
+// target is one frontend's serving endpoints, and whether they changed in
+// this sync (only changed frontends are cleaned in a partial plan).
+type target struct {
+	serving map[netip.AddrPort]struct{}
+	changed bool
+}
+
+// Plan says which flows of one IP family are stale. Build it with NewPlan.
+type Plan struct {
+	Family   model.Family
+	byAddr   map[frontend]*target
+	byNode   map[nodePort]*target
+	nChanged int
+}
+
+// CleansProtocol reports whether stale flows of protocol p are cleaned: UDP as
+// upstream kube-proxy does, and SCTP too. TCP flows to a gone endpoint fail
+// by themselves (RST), so they are left alone.
+func CleansProtocol(p model.Protocol) bool {
+	return p == model.UDP || p == model.SCTP
+}
+
+// NewPlan computes the stale-flow rules for one family after a sync that
+// moved the kernel from prev to next (prev may be nil). As upstream v1.36
+// does, every UDP and SCTP frontend with at least one serving endpoint is
+// indexed with its serving endpoints; traffic policies, topology and
+// terminating state are ignored, so that UDP behaves like TCP for existing
+// flows. A frontend with no serving endpoint is left alone.
+//
+// When full is false only frontends whose serving endpoints or addresses
+// changed since prev are cleaned (the others cannot have new stale flows); a
+// full plan cleans every frontend.
+func NewPlan(prev, next *model.FamilySnapshot, full bool) *Plan {
+	p := &Plan{byAddr: map[frontend]*target{}, byNode: map[nodePort]*target{}}
+	if next == nil {
+		return p
+	}
+	p.Family = next.Family
+	for _, port := range next.Ports {
+		if !CleansProtocol(port.Protocol) {
+			continue
+		}
+		serving := servingSet(port)
+		if len(serving) == 0 {
+			// Indexed so that its flows are never judged by a NodePort
+			// that happens to equal its port; never cleaned.
+			p.add(port, &target{})
+			continue
+		}
+		changed := full || portChanged(prevPort(prev, port.ID), port)
+		p.add(port, &target{serving: serving, changed: changed})
+	}
+	return p
+}
+
+func prevPort(prev *model.FamilySnapshot, id model.PortID) *model.ServicePort {
+	if prev == nil {
+		return nil
+	}
+	return prev.ByID[id]
+}
+
+// add indexes every frontend of port.
+func (p *Plan) add(port *model.ServicePort, t *target) {
+	if t.changed {
+		p.nChanged++
+	}
+	for _, ip := range frontendIPs(port) {
+		p.byAddr[frontend{port.Protocol, netip.AddrPortFrom(ip, port.Port)}] = t
+	}
+	if port.NodePort != 0 {
+		p.byNode[nodePort{port.Protocol, port.NodePort}] = t
+	}
+}
+
+func frontendIPs(port *model.ServicePort) []netip.Addr {
+	ips := make([]netip.Addr, 0, 1+len(port.ExternalIPs)+len(port.LoadBalancerIPs))
+	if port.ClusterIP.IsValid() {
+		ips = append(ips, port.ClusterIP)
+	}
+	ips = append(ips, port.ExternalIPs...)
+	return append(ips, port.LoadBalancerIPs...)
+}
+
+// servingSet returns the addresses of the port's serving endpoints.
+func servingSet(port *model.ServicePort) map[netip.AddrPort]struct{} {
+	set := map[netip.AddrPort]struct{}{}
+	for _, ep := range port.Endpoints {
+		if ep.Serving {
+			set[ep.AddrPort()] = struct{}{}
+		}
+	}
+	return set
+}
+
+// portChanged reports whether stale flows may exist for next that did not
+// for old: the port is new, its frontends moved or its serving endpoints
+// changed. Snapshots share unchanged ports, so the common case is a pointer
+// comparison.
+func portChanged(old, next *model.ServicePort) bool {
+	if old == next {
+		return false
+	}
+	if old == nil {
+		return true
+	}
+	if old.Port != next.Port || old.NodePort != next.NodePort || old.ClusterIP != next.ClusterIP ||
+		!slices.Equal(old.ExternalIPs, next.ExternalIPs) || !slices.Equal(old.LoadBalancerIPs, next.LoadBalancerIPs) {
+		return true
+	}
+	oldSet, nextSet := servingSet(old), servingSet(next)
+	if len(oldSet) != len(nextSet) {
+		return true
+	}
+	for a := range nextSet {
+		if _, ok := oldSet[a]; !ok {
+			return true
+		}
+	}
+	return false
+}
+
+// Empty reports whether the plan can match no flow, so the table need not be
+// listed at all.
+func (p *Plan) Empty() bool { return p == nil || p.nChanged == 0 }
+
+// Stale reports whether f should be deleted: its original destination is a
+// cleaned frontend and its reply source is not one of that frontend's
+// serving endpoints. A flow to a Service IP is judged by that Service only;
+// the NodePort index is consulted for other destinations.
+func (p *Plan) Stale(f Flow) bool {
+	if p.Empty() || !CleansProtocol(f.Protocol) {
+		return false
+	}
+	t, ok := p.byAddr[frontend{f.Protocol, unmap(f.OrigDst)}]
+	if !ok {
+		t, ok = p.byNode[nodePort{f.Protocol, f.OrigDst.Port()}]
+	}
+	if !ok || !t.changed {
+		return false
+	}
+	_, serving := t.serving[unmap(f.ReplySrc)]
+	return !serving
+}
+
+func unmap(a netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+}

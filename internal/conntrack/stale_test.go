@@ -1,0 +1,141 @@
+package conntrack
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/kproxy/kproxy/internal/model"
+)
+
+func ep(addr string, serving bool) *model.Endpoint {
+	ap := netip.MustParseAddrPort(addr)
+	return &model.Endpoint{IP: ap.Addr(), Port: ap.Port(), Ready: serving, Serving: serving, Terminating: !serving}
+}
+
+// svc builds a service port; name is also the port's Service name.
+func svc(name string, proto model.Protocol, clusterIP string, port, nodePort uint16, eps ...*model.Endpoint) *model.ServicePort {
+	return &model.ServicePort{
+		ID:        model.PortID{Namespace: "ns", Name: name, Protocol: proto},
+		Family:    model.IPv4,
+		Protocol:  proto,
+		Port:      port,
+		NodePort:  nodePort,
+		ClusterIP: netip.MustParseAddr(clusterIP),
+		Endpoints: eps,
+	}
+}
+
+func fam(ports ...*model.ServicePort) *model.FamilySnapshot {
+	f := &model.FamilySnapshot{Family: model.IPv4, ByID: map[model.PortID]*model.ServicePort{}}
+	for _, p := range ports {
+		f.Ports = append(f.Ports, p)
+		f.ByID[p.ID] = p
+	}
+	return f
+}
+
+func flow(proto model.Protocol, dst, replySrc string) Flow {
+	return Flow{Protocol: proto, OrigDst: netip.MustParseAddrPort(dst), ReplySrc: netip.MustParseAddrPort(replySrc)}
+}
+
+func TestPlanStale(t *testing.T) {
+	dns := svc("dns", model.UDP, "198.18.0.10", 53, 0, ep("198.19.1.1:53", true), ep("198.19.1.2:53", false))
+	dnsTCP := svc("dns", model.TCP, "198.18.0.10", 53, 0, ep("198.19.1.1:53", true))
+	np := svc("np", model.UDP, "198.18.0.20", 80, 30080, ep("198.19.2.1:8080", true))
+	np.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.18.100.1")}
+	np.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("198.18.200.1")}
+	sctp := svc("sctp", model.SCTP, "198.18.0.30", 9000, 0, ep("198.19.3.1:9000", true))
+	none := svc("none", model.UDP, "198.18.0.40", 30080, 0)
+	next := fam(dns, dnsTCP, np, sctp, none)
+
+	tests := []struct {
+		name string
+		f    Flow
+		want bool
+	}{
+		{"DNATed to a serving endpoint", flow(model.UDP, "198.18.0.10:53", "198.19.1.1:53"), false},
+		{"DNATed to a gone endpoint", flow(model.UDP, "198.18.0.10:53", "198.19.9.9:53"), true},
+		{"DNATed to a terminating, not serving endpoint", flow(model.UDP, "198.18.0.10:53", "198.19.1.2:53"), true},
+		{"not DNATed (created while no endpoint)", flow(model.UDP, "198.18.0.10:53", "198.18.0.10:53"), true},
+		{"same IP, other port", flow(model.UDP, "198.18.0.10:54", "198.19.9.9:54"), false},
+		{"TCP is never cleaned", flow(model.TCP, "198.18.0.10:53", "198.19.9.9:53"), false},
+		{"external IP", flow(model.UDP, "198.18.100.1:80", "198.19.9.9:8080"), true},
+		{"load-balancer IP", flow(model.UDP, "198.18.200.1:80", "198.19.9.9:8080"), true},
+		{"load-balancer IP, serving", flow(model.UDP, "198.18.200.1:80", "198.19.2.1:8080"), false},
+		{"node port on any address", flow(model.UDP, "198.18.50.5:30080", "198.19.9.9:8080"), true},
+		{"node port, serving", flow(model.UDP, "198.18.50.5:30080", "198.19.2.1:8080"), false},
+		{"node port number on a Service IP judged by that Service", flow(model.UDP, "198.18.0.40:30080", "198.18.0.40:30080"), false},
+		{"SCTP too", flow(model.SCTP, "198.18.0.30:9000", "198.19.9.9:9000"), true},
+		{"SCTP serving", flow(model.SCTP, "198.18.0.30:9000", "198.19.3.1:9000"), false},
+		{"service without serving endpoints is left alone", flow(model.UDP, "198.18.0.40:30080", "198.19.9.9:1"), false},
+		{"unknown destination", flow(model.UDP, "198.18.9.9:53", "198.19.9.9:53"), false},
+		{"IPv4-mapped addresses", Flow{model.UDP, netip.MustParseAddrPort("[::ffff:198.18.0.10]:53"), netip.MustParseAddrPort("[::ffff:198.19.9.9]:53")}, true},
+	}
+	plan := NewPlan(nil, next, false)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := plan.Stale(tc.f); got != tc.want {
+				t.Errorf("Stale(%+v) = %v, want %v", tc.f, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestPlanPartial(t *testing.T) {
+	a1 := svc("a", model.UDP, "198.18.0.1", 53, 0, ep("198.19.0.1:53", true))
+	b := svc("b", model.UDP, "198.18.0.2", 53, 0, ep("198.19.0.2:53", true))
+	staleA := flow(model.UDP, "198.18.0.1:53", "198.19.0.99:53")
+	staleB := flow(model.UDP, "198.18.0.2:53", "198.19.0.99:53")
+
+	a2 := *a1 // a copy with equal content: not a change
+	a3 := *a1
+	a3.Endpoints = []*model.Endpoint{ep("198.19.0.3:53", true)}
+	a4 := *a1
+	a4.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.18.100.1")}
+	a5 := *a1
+	a5.Endpoints = []*model.Endpoint{ep("198.19.0.1:53", true), ep("198.19.0.3:53", true)}
+	noEP := *a1
+	noEP.Endpoints = nil
+
+	tests := []struct {
+		name       string
+		prev, next *model.FamilySnapshot
+		full       bool
+		empty      bool
+		wantA      bool
+		wantB      bool
+	}{
+		{"first sync: everything", nil, fam(a1, b), false, false, true, true},
+		{"shared ports: nothing to do", fam(a1, b), fam(a1, b), false, true, false, false},
+		{"equal copy: nothing to do", fam(a1, b), fam(&a2, b), false, true, false, false},
+		{"full sync cleans unchanged ports", fam(a1, b), fam(a1, b), true, false, true, true},
+		{"endpoint replaced", fam(a1, b), fam(&a3, b), false, false, true, false},
+		{"endpoint added", fam(a1, b), fam(&a5, b), false, false, true, false},
+		{"frontend added", fam(a1, b), fam(&a4, b), false, false, true, false},
+		{"endpoints after none", fam(&noEP, b), fam(a1, b), false, false, true, false},
+		{"new service", fam(b), fam(a1, b), false, false, true, false},
+		{"service lost its endpoints: left alone", fam(a1, b), fam(&noEP, b), false, true, false, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := NewPlan(tc.prev, tc.next, tc.full)
+			if p.Empty() != tc.empty {
+				t.Errorf("Empty() = %v, want %v", p.Empty(), tc.empty)
+			}
+			if got := p.Stale(staleA); got != tc.wantA {
+				t.Errorf("Stale(flow to a) = %v, want %v", got, tc.wantA)
+			}
+			if got := p.Stale(staleB); got != tc.wantB {
+				t.Errorf("Stale(flow to b) = %v, want %v", got, tc.wantB)
+			}
+		})
+	}
+}
+
+func TestCountCPUList(t *testing.T) {
+	for in, want := range map[string]int{"0": 1, "0-1": 2, "0-3,8,10-11": 7, "": 0, "x": 0, "3-1": 0} {
+		if got := countCPUList(in); got != want {
+			t.Errorf("countCPUList(%q) = %d, want %d", in, got, want)
+		}
+	}
+}

@@ -1,0 +1,188 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync/atomic"
+
+	"k8s.io/klog/v2"
+
+	"github.com/kproxy/kproxy/internal/config"
+	"github.com/kproxy/kproxy/internal/conntrack"
+	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/runner"
+)
+
+// daemon holds the parts of one kproxy process. newDaemon builds what needs
+// no node knowledge; serve and dryRun add the dataplane once the Node is known.
+type daemon struct {
+	o        *config.Options
+	env      env
+	mode     string
+	nodeName string
+	inputs   Inputs
+	runner   *runner.Runner
+	cleaner  *conntrack.Cleaner
+	// errc carries the first fatal error of a part (source, server).
+	errc chan error
+
+	// Set by prepare, before the runner starts.
+	dp   dataplane.Dataplane
+	fams []model.Family
+	obs  observers
+
+	// queued is read by notify, which runs on source goroutines.
+	queued atomic.Pointer[[]model.Family]
+	// Owned by the runner goroutine.
+	prev     *model.Snapshot
+	problems problemLog
+}
+
+// newDaemon builds the daemon's parts. It starts nothing and touches
+// neither the network nor the kernel.
+func newDaemon(o *config.Options, e env) (*daemon, error) {
+	mode := string(o.Config.Mode)
+	if mode == "" {
+		mode = ModeNFTables
+	}
+	if _, ok := e.dataplanes[mode]; !ok {
+		return nil, fmt.Errorf("proxy mode %q is not available (have %v)", mode, sortedModes(e.dataplanes))
+	}
+	name, err := nodeName(o.Config.HostnameOverride, e.hostname)
+	if err != nil {
+		return nil, err
+	}
+	d := &daemon{o: o, env: e, mode: mode, nodeName: name, cleaner: conntrack.NewCleaner(e.conntrack), errc: make(chan error, 1)}
+	// The runner exists before the sources, which may notify at once.
+	if d.runner, err = runner.New(d.runnerConfig(), d.sync); err != nil {
+		return nil, err
+	}
+	if d.inputs, err = e.inputs(o, name, d.notify); err != nil {
+		return nil, fmt.Errorf("setting up sources: %w", err)
+	}
+	return d, nil
+}
+
+// runnerConfig maps the mode's sync periods onto the runner as upstream v1.36
+// does: iptables and nftables sync at least hourly (always full), retry after
+// syncPeriod; ipvs syncs every syncPeriod.
+func (d *daemon) runnerConfig() runner.Config {
+	syncPeriod, minSync := syncPeriods(d.o.Config)
+	maxInterval := runner.FullSyncPeriod
+	if d.mode == ModeIPVS && syncPeriod > 0 {
+		maxInterval = syncPeriod
+	}
+	if maxInterval < minSync {
+		maxInterval = minSync
+	}
+	return runner.Config{
+		MinInterval:   minSync,
+		MaxInterval:   maxInterval,
+		RetryInterval: syncPeriod,
+		FullInterval:  runner.FullSyncPeriod,
+		PollInterval:  d.env.pollInterval,
+		Ready:         d.inputsSynced,
+		Drifted:       d.drifted,
+		Clock:         d.env.clock,
+	}
+}
+
+// inputsSynced is the runner's Ready condition.
+func (d *daemon) inputsSynced() bool { return d.inputs.Tracker.Synced() }
+
+// notify is the tracker's callback: a change is pending.
+func (d *daemon) notify() {
+	if fams := d.queued.Load(); fams != nil {
+		d.obs.Queued(*fams)
+	}
+	d.runner.Trigger()
+}
+
+// drifted polls the dataplane; an error counts as no drift (logged).
+func (d *daemon) drifted(ctx context.Context) bool {
+	drifted, err := d.dp.Drifted(ctx)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Checking the dataplane for drift failed")
+		return false
+	}
+	return drifted
+}
+
+// prepare waits for what the dataplane needs to know about the node, then
+// builds the dataplane. It does not touch the kernel.
+func (d *daemon) prepare(ctx context.Context) error {
+	node, err := d.waitForNode(ctx)
+	if err != nil {
+		return err
+	}
+	ips := detectNodeIPs(rawNodeIPs(node), d.o.Config.BindAddress)
+	if d.fams, err = families(ips.primary, d.env.ipv6()); err != nil {
+		return err
+	}
+	klog.FromContext(ctx).Info("Proxy families", "families", familyNames(d.fams), "primary", ips.primary, "nodeIPs", ips.known())
+	cfg, err := dataplaneConfig(d.o.Config, ips, d.fams)
+	if err != nil {
+		return err
+	}
+	if d.dp, err = d.env.dataplanes[d.mode](cfg); err != nil {
+		return fmt.Errorf("creating the %s dataplane: %w", d.mode, err)
+	}
+	return nil
+}
+
+// runSource runs the source until ctx is done; its failure ends the daemon.
+func (d *daemon) runSource(ctx context.Context) {
+	err := d.inputs.Source.Run(ctx)
+	if err != nil && ctx.Err() == nil {
+		d.fail(fmt.Errorf("source failed: %w", err))
+	}
+}
+
+// fail reports a part's fatal error; the first one ends the daemon.
+func (d *daemon) fail(err error) {
+	select {
+	case d.errc <- err:
+	default:
+	}
+}
+
+// cleanupConfig is the configuration handed to backends only to clean up.
+func cleanupConfig(e env) dataplane.Config {
+	fams := []model.Family{model.IPv4}
+	if e.ipv6() {
+		fams = append(fams, model.IPv6)
+	}
+	return dataplane.Config{Families: fams}
+}
+
+// leftoverModes are the modes whose kernel state is removed when starting in
+// mode, as upstream does: nftables removes iptables and ipvs state, the
+// iptables-based modes remove nftables state.
+func leftoverModes(mode string, available map[string]DataplaneFunc) []string {
+	var out []string
+	for _, m := range sortedModes(available) {
+		if m == mode || (m != ModeNFTables && mode != ModeNFTables) {
+			continue
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func sortedModes(m map[string]DataplaneFunc) []string {
+	return slices.Sorted(maps.Keys(m))
+}
+
+var errNoDryRun = errors.New("does not support --dry-run")
+
+func familyNames(fams []model.Family) []string {
+	out := make([]string, len(fams))
+	for i, f := range fams {
+		out[i] = f.String()
+	}
+	return out
+}

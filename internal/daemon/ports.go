@@ -1,0 +1,117 @@
+package daemon
+
+import (
+	"context"
+	"time"
+
+	"github.com/kproxy/kproxy/internal/config"
+	"github.com/kproxy/kproxy/internal/conntrack"
+	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/objects"
+)
+
+// This file holds the daemon's view of its collaborators: small interfaces it
+// consumes, so that each part can be replaced by a fake in tests and adapted
+// to the package that implements it.
+
+// Batch is one Take from the change tracker: the complete current input and
+// what changed since the last successful sync.
+type Batch struct {
+	Input model.Input
+	// Changed names Services added, updated or removed (or whose slices
+	// changed) since the last successful sync.
+	Changed     map[objects.Key]struct{}
+	NodeChanged bool
+	// TriggerTimes are the last-change-trigger-times of the changed
+	// EndpointSlices and Services, for the network programming latency.
+	TriggerTimes []time.Time
+}
+
+// Tracker coalesces source events and keeps changes pending until a sync that
+// includes them succeeds.
+type Tracker interface {
+	// Take returns the current input and the pending changes.
+	Take() *Batch
+	// Done returns b: ok=true drops its changes from the pending set, false
+	// keeps them for the next Take.
+	Done(b *Batch, ok bool)
+	// Synced reports whether Services and EndpointSlices are fully listed.
+	Synced() bool
+}
+
+// Source feeds a Tracker until ctx is done.
+type Source interface {
+	Run(ctx context.Context) error
+}
+
+// Inputs is a source and the tracker it feeds.
+type Inputs struct {
+	Source  Source
+	Tracker Tracker
+	// NodeExpected is true when the source is a cluster, whose Node object is
+	// waited for (the file source may have none).
+	NodeExpected bool
+}
+
+// InputsFunc builds the inputs for o: the file source when o.SourceFile is
+// set, else the API source. notify is called (from any goroutine) whenever
+// the tracker has new pending changes or becomes synced.
+type InputsFunc func(o *config.Options, nodeName string, notify func()) (Inputs, error)
+
+// DataplaneFunc builds a backend without touching the kernel.
+type DataplaneFunc func(cfg dataplane.Config) (dataplane.Dataplane, error)
+
+// SyncReport is what one sync attempt did.
+type SyncReport struct {
+	Full     bool
+	Families []model.Family
+	Start    time.Time
+	Duration time.Duration
+	// Err is nil for a successful sync.
+	Err error
+	// Snapshot is the snapshot programmed (nil when the sync failed).
+	Snapshot *model.Snapshot
+	// Pending is how many Services had pending changes in this sync.
+	Pending      int
+	TriggerTimes []time.Time
+	Conntrack    []conntrack.Result
+}
+
+// Observer is told what the sync loop does; the health and metrics servers
+// implement it through adapters.
+type Observer interface {
+	// Started is called once when the sync loop starts.
+	Started(fams []model.Family)
+	// Queued is called when a change is waiting to be programmed.
+	Queued(fams []model.Family)
+	// Synced is called after every sync attempt.
+	Synced(r SyncReport)
+}
+
+// Server is a long-running HTTP server (healthz, metrics). Run returns when
+// ctx is done, or with an error when it cannot serve.
+type Server interface {
+	Run(ctx context.Context) error
+}
+
+// observers fans events out to several Observers.
+type observers []Observer
+
+func (os observers) Started(fams []model.Family) {
+	for _, o := range os {
+		o.Started(fams)
+	}
+}
+
+func (os observers) Queued(fams []model.Family) {
+	for _, o := range os {
+		o.Queued(fams)
+	}
+}
+
+func (os observers) Synced(r SyncReport) {
+	for _, o := range os {
+		o.Synced(r)
+	}
+}

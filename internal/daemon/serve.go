@@ -1,0 +1,190 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/kproxy/kproxy/internal/conntrack"
+	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/objects"
+)
+
+// serverRetry is how long a failed server waits before listening again when
+// bindAddressHardFail is off (upstream: 5 s).
+const serverRetry = 5 * time.Second
+
+// serve runs the proxy until ctx is done or a part fails for good.
+func (d *daemon) serve(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Go(func() { d.runSource(ctx) })
+	if err := d.prepare(ctx); err != nil {
+		return err
+	}
+	d.cleanLeftovers(ctx)
+	if err := conntrack.ApplySysctls(ctx, &d.o.Config.Conntrack, d.env.numCPU(), d.env.sysctls); err != nil {
+		return fmt.Errorf("could not set conntrack parameters from kube-proxy configuration: %w", err)
+	}
+	if err := d.startServers(ctx, &wg); err != nil {
+		return err
+	}
+	d.obs.Started(d.fams)
+	wg.Go(func() { d.runner.Run(ctx) })
+	klog.FromContext(ctx).Info("kproxy running", "mode", d.mode, "node", d.nodeName)
+
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-d.errc:
+		return err
+	}
+}
+
+// cleanLeftovers removes other modes' kernel state, best effort: a failure
+// is logged, as upstream does.
+func (d *daemon) cleanLeftovers(ctx context.Context) {
+	for _, mode := range leftoverModes(d.mode, d.env.dataplanes) {
+		if err := cleanupMode(ctx, d.env, mode); err != nil {
+			klog.FromContext(ctx).Error(err, "Removing leftovers of another proxy mode failed", "mode", mode)
+		}
+	}
+}
+
+// startServers builds the healthz and metrics servers and their observers,
+// and runs the servers.
+func (d *daemon) startServers(ctx context.Context, wg *sync.WaitGroup) error {
+	servers, obs, err := d.env.servers(d.o, d.nodeName)
+	if err != nil {
+		return fmt.Errorf("setting up servers: %w", err)
+	}
+	d.obs = obs
+	fams := d.fams
+	d.queued.Store(&fams) // from now on notify reports to the observers
+	hardFail := d.o.Config.BindAddressHardFail
+	for _, s := range servers {
+		wg.Go(func() { d.runServer(ctx, s, hardFail) })
+	}
+	return nil
+}
+
+// runServer keeps s serving: a failure ends the daemon when hardFail is
+// set, else it is logged and retried.
+func (d *daemon) runServer(ctx context.Context, s Server, hardFail bool) {
+	for ctx.Err() == nil {
+		err := s.Run(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			err = errors.New("server stopped")
+		}
+		if hardFail {
+			d.fail(err)
+			return
+		}
+		klog.FromContext(ctx).Error(err, "Server failed, retrying", "in", serverRetry)
+		select {
+		case <-ctx.Done():
+		case <-d.env.clock.After(serverRetry):
+		}
+	}
+}
+
+// waitForNode waits, bounded as upstream, for what is needed from this
+// node's Node object and returns it (nil when there is none). For a source
+// without a cluster it only waits for the source to be read.
+func (d *daemon) waitForNode(ctx context.Context) (*objects.Node, error) {
+	needCIDRs := dataplane.LocalMode(d.o.Config.DetectLocalMode) == dataplane.LocalNodeCIDR
+	if !d.inputs.NodeExpected {
+		if err := d.waitFor(ctx, 0, d.inputs.Tracker.Synced); err != nil {
+			return nil, err
+		}
+		node := d.peekNode()
+		if needCIDRs && (node == nil || len(node.PodCIDRs) == 0) {
+			return nil, fmt.Errorf("detect-local-mode NodeCIDR needs node %q with podCIDRs in the source", d.nodeName)
+		}
+		return node, nil
+	}
+	hasIPs := func() bool { return len(rawNodeIPs(d.peekNode())) > 0 }
+	if err := d.waitFor(ctx, d.env.nodeIPsWait, hasIPs); err != nil {
+		return nil, err
+	}
+	if needCIDRs {
+		hasCIDRs := func() bool { n := d.peekNode(); return n != nil && len(n.PodCIDRs) > 0 }
+		if err := d.waitFor(ctx, d.env.podCIDRsWait, hasCIDRs); err != nil {
+			return nil, err
+		}
+		if !hasCIDRs() {
+			return nil, fmt.Errorf("timeout waiting for PodCIDR allocation on node %q", d.nodeName)
+		}
+	}
+	node := d.peekNode()
+	switch {
+	case node == nil:
+		klog.FromContext(ctx).Error(nil, "Timed out waiting for node to exist", "node", d.nodeName)
+	case len(rawNodeIPs(node)) == 0:
+		klog.FromContext(ctx).Error(nil, "Timed out waiting for node to be assigned IPs", "node", d.nodeName)
+	}
+	return node, nil
+}
+
+// peekNode returns the tracker's current Node without consuming changes.
+func (d *daemon) peekNode() *objects.Node {
+	b := d.inputs.Tracker.Take()
+	d.inputs.Tracker.Done(b, false)
+	return b.Input.Node
+}
+
+// waitFor polls cond until it holds or timeout (0: none) passes; only a done
+// ctx or a failed part is an error.
+func (d *daemon) waitFor(ctx context.Context, timeout time.Duration, cond func() bool) error {
+	var deadline <-chan time.Time
+	if timeout > 0 {
+		deadline = d.env.clock.After(timeout)
+	}
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-d.errc:
+			return err
+		case <-deadline:
+			return nil
+		case <-d.env.clock.After(d.env.pollInterval):
+		}
+	}
+	return nil
+}
+
+// dryRun prints what the dataplane would program for the first complete
+// input, then returns. It touches neither the kernel nor the network
+// (beyond the source).
+func (d *daemon) dryRun(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Go(func() { d.runSource(ctx) })
+	if err := d.prepare(ctx); err != nil {
+		return err
+	}
+	dr, ok := d.dp.(dataplane.DryRunner)
+	if !ok {
+		return fmt.Errorf("proxy mode %s %w", d.mode, errNoDryRun)
+	}
+	if err := d.waitFor(ctx, 0, d.inputs.Tracker.Synced); err != nil {
+		return err
+	}
+	b := d.inputs.Tracker.Take()
+	snap, problems := buildSnapshot(b)
+	d.problems.log(ctx, problems)
+	d.inputs.Tracker.Done(b, false)
+	return dr.Render(d.env.stdout, snap)
+}

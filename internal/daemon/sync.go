@@ -1,0 +1,70 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+
+	"k8s.io/klog/v2"
+
+	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/runner"
+)
+
+// sync is the runner's sync func: take the pending changes, update the
+// model, program the kernel, and only when that succeeded drop the changes,
+// clean conntrack and report.
+func (d *daemon) sync(ctx context.Context, req runner.Request) error {
+	logger := klog.FromContext(ctx)
+	start := d.env.clock.Now()
+	b := d.inputs.Tracker.Take()
+	snap, problems := model.Update(d.prev, b.Input, b.Changed)
+	d.problems.log(ctx, problems)
+
+	err := d.dp.Sync(ctx, snap, dataplane.SyncRequest{Full: req.Full, Changed: b.Changed, NodeChanged: b.NodeChanged})
+	d.inputs.Tracker.Done(b, err == nil)
+	report := SyncReport{
+		Full: req.Full, Families: d.fams, Start: start, Err: err,
+		Pending: len(b.Changed), TriggerTimes: b.TriggerTimes,
+	}
+	if err != nil {
+		report.Duration = d.env.clock.Since(start)
+		d.obs.Synced(report)
+		return fmt.Errorf("%s sync (%s): %w", d.mode, req.Reason, err)
+	}
+	report.Conntrack = d.cleaner.Clean(ctx, d.prev, snap, req.Full)
+	d.prev = snap
+	report.Snapshot = snap
+	report.Duration = d.env.clock.Since(start)
+	d.obs.Synced(report)
+	logger.V(2).Info("Sync complete", "reason", req.Reason, "full", req.Full, "changed", len(b.Changed), "elapsed", report.Duration)
+	return nil
+}
+
+// buildSnapshot builds a complete snapshot of a batch (dry run).
+func buildSnapshot(b *Batch) (*model.Snapshot, []model.Problem) {
+	return model.Build(b.Input)
+}
+
+// maxLoggedProblems bounds the memory of problemLog.
+const maxLoggedProblems = 10000
+
+// problemLog logs each distinct model problem once, not on every sync.
+type problemLog struct {
+	seen map[string]struct{}
+}
+
+func (p *problemLog) log(ctx context.Context, problems []model.Problem) {
+	if p.seen == nil || len(p.seen) > maxLoggedProblems {
+		p.seen = map[string]struct{}{}
+	}
+	logger := klog.FromContext(ctx)
+	for _, pr := range problems {
+		key := pr.String()
+		if _, ok := p.seen[key]; ok {
+			continue
+		}
+		p.seen[key] = struct{}{}
+		logger.Info("Skipping invalid input", "kind", pr.Kind, "object", pr.Object.String(), "field", pr.Field, "reason", pr.Reason)
+	}
+}
