@@ -1,0 +1,375 @@
+package health
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/objects"
+)
+
+// fakeNet stands in for the node's sockets: every requested address is
+// served by a real listener on 127.0.0.1:0, so tests send real HTTP
+// requests without touching the health-check ports themselves.
+type fakeNet struct {
+	mu     sync.Mutex
+	opened []string          // "network addr", in order
+	real   map[string]string // requested addr -> real addr
+	fail   map[string]error  // requested addr -> error
+}
+
+func newFakeNet() *fakeNet { return &fakeNet{real: map[string]string{}, fail: map[string]error{}} }
+
+func (n *fakeNet) listen(ctx context.Context, network, addr string) (net.Listener, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.opened = append(n.opened, network+" "+addr)
+	if err := n.fail[addr]; err != nil {
+		return nil, err
+	}
+	l, err := defaultListen(ctx, "tcp4", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	n.real[addr] = l.Addr().String()
+	return l, nil
+}
+
+func (n *fakeNet) addr(requested string) string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.real[requested]
+}
+
+func (n *fakeNet) openedCount() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.opened)
+}
+
+type fixedHealth bool
+
+func (h fixedHealth) Healthy() bool { return bool(h) }
+
+var (
+	svcA = objects.Key{Namespace: "ns", Name: "a"}
+	svcB = objects.Key{Namespace: "ns", Name: "b"}
+)
+
+func newTestServiceServer(t *testing.T, n *fakeNet, proxy HealthChecker) *ServiceHealthServer {
+	t.Helper()
+	s := NewServiceHealthServer(ServiceConfig{NodeName: "n1", Family: model.IPv4, Proxy: proxy, Listen: n.listen})
+	t.Cleanup(s.Close)
+	return s
+}
+
+type answer struct {
+	code   int
+	weight string
+	body   string
+}
+
+func request(t *testing.T, addr string) answer {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/")
+	if err != nil {
+		t.Fatalf("GET %s: %v", addr, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return answer{resp.StatusCode, resp.Header.Get("X-Load-Balancing-Endpoint-Weight"), string(b)}
+}
+
+func body(key objects.Key, n int, healthy bool) string {
+	return fmt.Sprintf("{\n\t\"service\": {\n\t\t\"namespace\": %q,\n\t\t\"name\": %q\n\t},\n\t\"localEndpoints\": %d,\n\t\"serviceProxyHealthy\": %v\n}",
+		key.Namespace, key.Name, n, healthy)
+}
+
+func TestServiceHealthAnswers(t *testing.T) {
+	tests := []struct {
+		name      string
+		endpoints map[objects.Key]int
+		proxy     HealthChecker
+		want      answer
+	}{
+		{"no endpoints", nil, nil, answer{503, "0", body(svcA, 0, true)}},
+		{"local endpoints", map[objects.Key]int{svcA: 2}, nil, answer{200, "2", body(svcA, 2, true)}},
+		{"other service's endpoints", map[objects.Key]int{svcB: 2}, nil, answer{503, "0", body(svcA, 0, true)}},
+		{"proxy unhealthy", map[objects.Key]int{svcA: 3}, fixedHealth(false), answer{503, "3", body(svcA, 3, false)}},
+		{"proxy healthy", map[objects.Key]int{svcA: 1}, fixedHealth(true), answer{200, "1", body(svcA, 1, true)}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newFakeNet()
+			s := newTestServiceServer(t, n, tc.proxy)
+			if err := s.SyncServices(map[objects.Key]uint16{svcA: 30001}); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.SyncEndpoints(tc.endpoints); err != nil {
+				t.Fatal(err)
+			}
+			if got := request(t, n.addr("0.0.0.0:30001")); got != tc.want {
+				t.Errorf("got %+v\nwant %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestServiceHealthBodyIsUpstreams(t *testing.T) {
+	// upstream writes the body from an indented template; this is it, dedented.
+	want := `{
+	"service": {
+		"namespace": "ns",
+		"name": "a"
+	},
+	"localEndpoints": 2,
+	"serviceProxyHealthy": true
+}`
+	if got := string(serviceBody(svcA, 2, true)); got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+}
+
+func TestServiceHealthSyncIsIncremental(t *testing.T) {
+	n := newFakeNet()
+	s := newTestServiceServer(t, n, nil)
+	steps := []struct {
+		services   map[objects.Key]uint16
+		wantOpened []string // new listens in this step
+	}{
+		{map[objects.Key]uint16{svcA: 30001}, []string{"tcp4 0.0.0.0:30001"}},
+		{map[objects.Key]uint16{svcA: 30001, svcB: 30002}, []string{"tcp4 0.0.0.0:30002"}},
+		{map[objects.Key]uint16{svcA: 30001, svcB: 30002}, nil},
+		{map[objects.Key]uint16{svcA: 30003, svcB: 30002}, []string{"tcp4 0.0.0.0:30003"}},
+		{map[objects.Key]uint16{svcB: 30002}, nil},
+		{nil, nil},
+	}
+	for i, st := range steps {
+		before := n.openedCount()
+		if err := s.SyncServices(st.services); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		n.mu.Lock()
+		opened := slices.Clone(n.opened[before:])
+		n.mu.Unlock()
+		if !slices.Equal(opened, st.wantOpened) {
+			t.Errorf("step %d: opened %v, want %v", i, opened, st.wantOpened)
+		}
+		if got := s.Ports(); !mapsEqual(got, st.services) {
+			t.Errorf("step %d: ports %v, want %v", i, got, st.services)
+		}
+	}
+}
+
+func mapsEqual(a, b map[objects.Key]uint16) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func TestServiceHealthClosesPorts(t *testing.T) {
+	n := newFakeNet()
+	s := newTestServiceServer(t, n, nil)
+	if err := s.SyncServices(map[objects.Key]uint16{svcA: 30001}); err != nil {
+		t.Fatal(err)
+	}
+	addr := n.addr("0.0.0.0:30001")
+	request(t, addr)
+	if err := s.SyncServices(nil); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := http.Get("http://" + addr + "/"); err == nil {
+		resp.Body.Close()
+		t.Fatal("closed port still answers")
+	}
+}
+
+func TestServiceHealthListenFailure(t *testing.T) {
+	n := newFakeNet()
+	boom := errors.New("address already in use")
+	n.fail["0.0.0.0:30001"] = boom
+	var reported []objects.Key
+	s := NewServiceHealthServer(ServiceConfig{NodeName: "n1", Family: model.IPv4, Listen: n.listen,
+		ListenFailed: func(k objects.Key, _ uint16, _ error) { reported = append(reported, k) }})
+	t.Cleanup(s.Close)
+
+	err := s.SyncServices(map[objects.Key]uint16{svcA: 30001, svcB: 30002})
+	if !errors.Is(err, boom) {
+		t.Fatalf("SyncServices: %v, want %v", err, boom)
+	}
+	if !slices.Equal(reported, []objects.Key{svcA}) {
+		t.Errorf("reported %v", reported)
+	}
+	if got := s.Ports(); !mapsEqual(got, map[objects.Key]uint16{svcB: 30002}) {
+		t.Errorf("ports %v", got)
+	}
+	delete(n.fail, "0.0.0.0:30001")
+	if err := s.SyncServices(map[objects.Key]uint16{svcA: 30001, svcB: 30002}); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	if len(s.Ports()) != 2 {
+		t.Errorf("ports after retry %v", s.Ports())
+	}
+}
+
+func TestServiceHealthPartialListenFailureFreesPorts(t *testing.T) {
+	n := newFakeNet()
+	n.fail["198.18.0.2:30001"] = errors.New("cannot assign")
+	s := NewServiceHealthServer(ServiceConfig{Family: model.IPv4, Listen: n.listen,
+		NodePortAddresses: []string{"198.18.0.0/24"},
+		InterfaceAddrs: func() ([]netip.Addr, error) {
+			return []netip.Addr{netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2")}, nil
+		}})
+	t.Cleanup(s.Close)
+	if err := s.SyncServices(map[objects.Key]uint16{svcA: 30001}); err == nil {
+		t.Fatal("no error")
+	}
+	first := n.addr("198.18.0.1:30001")
+	if first == "" {
+		t.Fatal("first address was not opened")
+	}
+	if resp, err := http.Get("http://" + first + "/"); err == nil {
+		resp.Body.Close()
+		t.Fatal("the address opened before the failure is still open")
+	}
+}
+
+func TestServiceHealthClosedHandler(t *testing.T) {
+	s := NewServiceHealthServer(ServiceConfig{Family: model.IPv4})
+	rec := httptest.NewRecorder()
+	serviceHandler{key: svcA, s: s}.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	if rec.Code != 200 || rec.Body.Len() != 0 {
+		t.Errorf("closed healthcheck answered %d %q", rec.Code, rec.Body)
+	}
+}
+
+func TestServiceHealthRunClosesOnCancel(t *testing.T) {
+	n := newFakeNet()
+	s := newTestServiceServer(t, n, nil)
+	if err := s.SyncServices(map[objects.Key]uint16{svcA: 30001}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Ports()) != 0 {
+		t.Errorf("ports after Run: %v", s.Ports())
+	}
+}
+
+func addrs(ss ...string) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range ss {
+		out = append(out, netip.MustParseAddr(s))
+	}
+	return out
+}
+
+func TestServiceHealthListenAddresses(t *testing.T) {
+	ifAddrs := addrs("127.0.0.1", "198.18.0.1", "198.18.1.1", "::1", "fd00::1", "fd00:1::1", "::ffff:198.18.2.1")
+	tests := []struct {
+		name    string
+		family  model.Family
+		cidrs   []string
+		ifErr   error
+		network string
+		want    []netip.Addr
+	}{
+		{"default v4", model.IPv4, nil, nil, "tcp4", addrs("0.0.0.0")},
+		{"default v6", model.IPv6, nil, nil, "tcp6", addrs("::")},
+		{"other family only", model.IPv6, []string{"198.18.0.0/24"}, nil, "tcp6", addrs("::")},
+		{"zero cidr wins", model.IPv4, []string{"198.18.0.0/24", "0.0.0.0/0"}, nil, "tcp4", addrs("0.0.0.0")},
+		{"matching v4", model.IPv4, []string{"198.18.0.0/15", "fd00::/64"}, nil, "tcp4", addrs("198.18.0.1", "198.18.1.1", "198.18.2.1")},
+		{"primary resolved", model.IPv4, []string{"198.18.0.1/32", "fd00::1/128"}, nil, "tcp4", addrs("198.18.0.1")},
+		{"matching v6", model.IPv6, []string{"198.18.0.0/15", "fd00::/64"}, nil, "tcp6", addrs("fd00::1")},
+		{"loopback", model.IPv4, []string{"127.0.0.0/8"}, nil, "tcp4", addrs("127.0.0.1")},
+		{"no match", model.IPv4, []string{"198.19.0.0/24"}, nil, "tcp4", nil},
+		{"invalid skipped", model.IPv4, []string{"bogus", "198.18.1.0/24"}, nil, "tcp4", addrs("198.18.1.1")},
+		{"interfaces unreadable", model.IPv4, []string{"198.18.0.0/24"}, errors.New("netlink"), "tcp4", addrs("0.0.0.0")},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewServiceHealthServer(ServiceConfig{Family: tc.family, NodePortAddresses: tc.cidrs,
+				InterfaceAddrs: func() ([]netip.Addr, error) { return ifAddrs, tc.ifErr }})
+			if got := s.listenAddrs(); !slices.Equal(got, tc.want) {
+				t.Errorf("addresses %v, want %v", got, tc.want)
+			}
+			if s.network() != tc.network {
+				t.Errorf("network %s, want %s", s.network(), tc.network)
+			}
+		})
+	}
+}
+
+func TestServiceHealthNoAddressNoListener(t *testing.T) {
+	n := newFakeNet()
+	s := NewServiceHealthServer(ServiceConfig{Family: model.IPv4, Listen: n.listen, NodePortAddresses: []string{"198.19.0.0/24"},
+		InterfaceAddrs: func() ([]netip.Addr, error) { return addrs("198.18.0.1"), nil }})
+	if err := s.SyncServices(map[objects.Key]uint16{svcA: 30001}); err != nil {
+		t.Fatal(err)
+	}
+	if n.openedCount() != 0 || len(s.Ports()) != 1 {
+		t.Errorf("opened %v, ports %v", n.opened, s.Ports())
+	}
+}
+
+func ep(ip string, local, ready bool) *model.Endpoint {
+	return &model.Endpoint{IP: netip.MustParseAddr(ip), Port: 80, IsLocal: local, Ready: ready, Serving: ready}
+}
+
+func TestServiceInputs(t *testing.T) {
+	fs := &model.FamilySnapshot{Ports: []*model.ServicePort{
+		{ID: model.PortID{Namespace: "ns", Name: "a", Port: "http"}, HealthCheckNodePort: 30001,
+			Endpoints: []*model.Endpoint{ep("198.18.0.1", true, true), ep("198.18.0.2", true, false), ep("198.18.0.3", false, true)}},
+		{ID: model.PortID{Namespace: "ns", Name: "a", Port: "https"}, HealthCheckNodePort: 30001,
+			Endpoints: []*model.Endpoint{ep("198.18.0.1", true, true), ep("198.18.0.4", true, true)}},
+		{ID: model.PortID{Namespace: "ns", Name: "b"},
+			Endpoints: []*model.Endpoint{ep("198.18.0.5", true, true)}},
+		{ID: model.PortID{Namespace: "ns", Name: "c"}, HealthCheckNodePort: 30003,
+			Endpoints: []*model.Endpoint{ep("198.18.0.6", false, true)}},
+	}}
+	ports, ready := ServiceInputs(fs)
+	wantPorts := map[objects.Key]uint16{svcA: 30001, {Namespace: "ns", Name: "c"}: 30003}
+	if !mapsEqual(ports, wantPorts) {
+		t.Errorf("ports %v, want %v", ports, wantPorts)
+	}
+	wantReady := map[objects.Key]int{svcA: 2, svcB: 1}
+	if len(ready) != len(wantReady) || ready[svcA] != 2 || ready[svcB] != 1 {
+		t.Errorf("ready %v, want %v", ready, wantReady)
+	}
+	if p, r := ServiceInputs(nil); len(p) != 0 || len(r) != 0 {
+		t.Errorf("nil snapshot: %v %v", p, r)
+	}
+}
+
+func TestServiceHealthSyncSnapshot(t *testing.T) {
+	n := newFakeNet()
+	s := newTestServiceServer(t, n, nil)
+	fs := &model.FamilySnapshot{Ports: []*model.ServicePort{
+		{ID: model.PortID{Namespace: "ns", Name: "a"}, HealthCheckNodePort: 30001,
+			Endpoints: []*model.Endpoint{ep("198.18.0.1", true, true)}},
+	}}
+	if err := s.SyncSnapshot(fs); err != nil {
+		t.Fatal(err)
+	}
+	if got := request(t, n.addr("0.0.0.0:30001")); got.code != 200 || got.weight != "1" {
+		t.Errorf("got %+v", got)
+	}
+}

@@ -1,0 +1,151 @@
+package metrics
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"time"
+
+	k8smetrics "k8s.io/component-base/metrics"
+	"k8s.io/klog/v2"
+)
+
+// ConfigzGroup is the key under which /configz shows the configuration, as
+// upstream's configz registry does.
+const ConfigzGroup = "kubeproxy.config.k8s.io"
+
+// ListenFunc opens a listener; net.ListenConfig.Listen has this shape.
+type ListenFunc func(ctx context.Context, network, addr string) (net.Listener, error)
+
+// ServerConfig configures the metrics HTTP server.
+type ServerConfig struct {
+	// Addr is metricsBindAddress, host:port. Empty: Run returns at once.
+	Addr string
+	// Gatherer is what /metrics exposes (a KubeRegistry, usually the one
+	// New registered on).
+	Gatherer k8smetrics.Gatherer
+	// Mode is the text of /proxyMode.
+	Mode string
+	// Configz returns the effective configuration (a v1alpha1
+	// KubeProxyConfiguration with apiVersion and kind set) for /configz;
+	// nil serves {}.
+	Configz func() any
+	// Profiling installs /debug/pprof/* (enableProfiling).
+	Profiling bool
+	// Listen defaults to net.ListenConfig.Listen.
+	Listen ListenFunc
+}
+
+// Server serves /metrics, /proxyMode, /configz, /healthz (and /healthz/ping)
+// and, with profiling, /debug/pprof/* on the metrics address.
+type Server struct {
+	cfg ServerConfig
+}
+
+// NewServer returns a metrics server; it does not listen until Run.
+func NewServer(cfg ServerConfig) *Server {
+	if cfg.Listen == nil {
+		var lc net.ListenConfig
+		cfg.Listen = lc.Listen
+	}
+	return &Server{cfg: cfg}
+}
+
+// Handler returns the server's routes.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", serveHealthz)
+	mux.HandleFunc("/healthz/ping", servePing)
+	mux.HandleFunc("/proxyMode", s.serveProxyMode)
+	if s.cfg.Gatherer != nil {
+		mux.Handle("/metrics", k8smetrics.HandlerFor(s.cfg.Gatherer, k8smetrics.HandlerOpts{}))
+	}
+	mux.HandleFunc("/configz", s.serveConfigz)
+	if s.cfg.Profiling {
+		installProfiling(mux)
+	}
+	return mux
+}
+
+// Run listens on Addr and serves until ctx is done (then it returns nil),
+// or returns the error that stopped it.
+func (s *Server) Run(ctx context.Context) error {
+	if s.cfg.Addr == "" {
+		return nil
+	}
+	l, err := s.cfg.Listen(ctx, "tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("starting metrics server on %s: %w", s.cfg.Addr, err)
+	}
+	klog.FromContext(ctx).V(3).Info("Starting metrics server", "address", l.Addr().String())
+	return serve(ctx, &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}, l)
+}
+
+// serve runs srv on l until ctx is done.
+func serve(ctx context.Context, srv *http.Server, l net.Listener) error {
+	stop := context.AfterFunc(ctx, func() { _ = srv.Close() })
+	defer stop()
+	err := srv.Serve(l)
+	if ctx.Err() != nil && errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return fmt.Errorf("metrics server stopped: %w", err)
+}
+
+func textHeaders(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+}
+
+// serveHealthz answers like the apiserver healthz handler with its one
+// default check (ping), which upstream installs on the metrics mux.
+func serveHealthz(w http.ResponseWriter, r *http.Request) {
+	textHeaders(w)
+	if _, verbose := r.URL.Query()["verbose"]; verbose {
+		fmt.Fprint(w, "[+]ping ok\nhealthz check passed\n")
+		return
+	}
+	fmt.Fprint(w, "ok")
+}
+
+func servePing(w http.ResponseWriter, _ *http.Request) {
+	textHeaders(w)
+	fmt.Fprint(w, "ok")
+}
+
+func (s *Server) serveProxyMode(w http.ResponseWriter, _ *http.Request) {
+	textHeaders(w)
+	fmt.Fprint(w, s.cfg.Mode)
+}
+
+func (s *Server) serveConfigz(w http.ResponseWriter, _ *http.Request) {
+	sections := map[string]any{}
+	if s.cfg.Configz != nil {
+		if c := s.cfg.Configz(); c != nil {
+			sections[ConfigzGroup] = c
+		}
+	}
+	b, err := json.Marshal(sections)
+	if err != nil {
+		http.Error(w, fmt.Sprintf("error marshaling json: %v", err), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	_, _ = w.Write(b)
+}
+
+// installProfiling adds the pprof routes the apiserver's Profiling installs.
+func installProfiling(mux *http.ServeMux) {
+	mux.HandleFunc("/debug/pprof", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/debug/pprof/", http.StatusFound)
+	})
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+}

@@ -1,0 +1,261 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kproxy/kproxy/internal/model"
+)
+
+type fakeConfig struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Mode       string `json:"mode"`
+}
+
+func TestServerRoutes(t *testing.T) {
+	cfgz := func() any {
+		return fakeConfig{APIVersion: "kubeproxy.config.k8s.io/v1alpha1", Kind: "KubeProxyConfiguration", Mode: "nftables"}
+	}
+	tests := []struct {
+		name      string
+		cfg       ServerConfig
+		path      string
+		code      int
+		body      string // exact, unless prefix is set
+		prefix    bool
+		wantCType string
+	}{
+		{"proxy mode", ServerConfig{Mode: "nftables"}, "/proxyMode", 200, "nftables", false, "text/plain; charset=utf-8"},
+		{"healthz", ServerConfig{}, "/healthz", 200, "ok", false, "text/plain; charset=utf-8"},
+		{"healthz verbose", ServerConfig{}, "/healthz?verbose", 200, "[+]ping ok\nhealthz check passed\n", false, "text/plain; charset=utf-8"},
+		{"healthz ping", ServerConfig{}, "/healthz/ping", 200, "ok", false, "text/plain; charset=utf-8"},
+		{"configz", ServerConfig{Configz: cfgz}, "/configz", 200,
+			`{"kubeproxy.config.k8s.io":{"apiVersion":"kubeproxy.config.k8s.io/v1alpha1","kind":"KubeProxyConfiguration","mode":"nftables"}}`, false, "application/json"},
+		{"configz unset", ServerConfig{}, "/configz", 200, `{}`, false, "application/json"},
+		{"configz unmarshalable", ServerConfig{Configz: func() any { return func() {} }}, "/configz", 500, "error marshaling json", true, ""},
+		{"pprof off", ServerConfig{}, "/debug/pprof/", 404, "", true, ""},
+		{"pprof index", ServerConfig{Profiling: true}, "/debug/pprof/", 200, "", true, ""},
+		{"pprof redirect", ServerConfig{Profiling: true}, "/debug/pprof", 302, "", true, ""},
+		{"pprof symbol", ServerConfig{Profiling: true}, "/debug/pprof/symbol", 200, "num_symbols", true, ""},
+		{"metrics without gatherer", ServerConfig{}, "/metrics", 404, "", true, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			NewServer(tc.cfg).Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, tc.path, nil))
+			if rec.Code != tc.code {
+				t.Fatalf("code %d, want %d (%s)", rec.Code, tc.code, rec.Body)
+			}
+			body := rec.Body.String()
+			if (tc.prefix && !strings.HasPrefix(body, tc.body)) || (!tc.prefix && body != tc.body) {
+				t.Errorf("body %q, want %q", body, tc.body)
+			}
+			if tc.wantCType != "" && rec.Header().Get("Content-Type") != tc.wantCType {
+				t.Errorf("content type %q, want %q", rec.Header().Get("Content-Type"), tc.wantCType)
+			}
+		})
+	}
+}
+
+func TestServerRunServesUntilCancelled(t *testing.T) {
+	reg := NewRegistry()
+	m, err := New(reg, Options{Mode: ModeNFTables})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.HealthzRequest(200)
+	addrc := make(chan string, 1)
+	listen := func(ctx context.Context, network, addr string) (net.Listener, error) {
+		if addr != "127.0.0.1:10249" {
+			t.Errorf("listening on %q", addr)
+		}
+		l, err := (&net.ListenConfig{}).Listen(ctx, network, "127.0.0.1:0")
+		if err == nil {
+			addrc <- l.Addr().String()
+		}
+		return l, err
+	}
+	s := NewServer(ServerConfig{Addr: "127.0.0.1:10249", Gatherer: reg, Mode: "nftables", Listen: listen})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	addr := <-addrc
+
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), `kubeproxy_proxy_healthz_total{code="200"} 1`) {
+		t.Errorf("/metrics lacks the healthz counter:\n%s", b)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run after cancel: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+}
+
+func TestServerRunListenError(t *testing.T) {
+	boom := errors.New("address in use")
+	listen := func(context.Context, string, string) (net.Listener, error) { return nil, boom }
+	err := NewServer(ServerConfig{Addr: "127.0.0.1:10249", Listen: listen}).Run(context.Background())
+	if !errors.Is(err, boom) {
+		t.Fatalf("Run: %v, want %v", err, boom)
+	}
+}
+
+func TestServerRunNoAddress(t *testing.T) {
+	if err := NewServer(ServerConfig{}).Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func port(name string, ip, ep bool, local int, hasEndpoints bool) *model.ServicePort {
+	p := &model.ServicePort{ID: model.PortID{Namespace: "ns", Name: name}, InternalPolicyLocal: ip, ExternalPolicyLocal: ep, HasEndpoints: hasEndpoints}
+	for range local {
+		p.LocalEndpoints = append(p.LocalEndpoints, &model.Endpoint{IsLocal: true, Ready: true})
+	}
+	return p
+}
+
+func TestCountNoLocalEndpoints(t *testing.T) {
+	tests := []struct {
+		name                   string
+		ports                  []*model.ServicePort
+		wantInternal, wantExtl int
+	}{
+		{"nil", nil, 0, 0},
+		{"cluster policies", []*model.ServicePort{port("a", false, false, 0, true)}, 0, 0},
+		{"itp local none", []*model.ServicePort{port("a", true, false, 0, true)}, 1, 0},
+		{"etp local none", []*model.ServicePort{port("a", false, true, 0, true)}, 0, 1},
+		{"both local none", []*model.ServicePort{port("a", true, true, 0, true)}, 1, 1},
+		{"local present", []*model.ServicePort{port("a", true, true, 2, true)}, 0, 0},
+		{"no endpoints at all", []*model.ServicePort{port("a", true, true, 0, false)}, 0, 0},
+		{"several", []*model.ServicePort{port("a", true, false, 0, true), port("b", true, false, 0, true), port("c", false, true, 1, true)}, 2, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var fs *model.FamilySnapshot
+			if tc.ports != nil {
+				fs = &model.FamilySnapshot{Ports: tc.ports}
+			}
+			i, e := CountNoLocalEndpoints(fs)
+			if i != tc.wantInternal || e != tc.wantExtl {
+				t.Errorf("got (%d, %d), want (%d, %d)", i, e, tc.wantInternal, tc.wantExtl)
+			}
+		})
+	}
+}
+
+func metricValue(t *testing.T, fams map[string]*dto.MetricFamily, name string, labels map[string]string) (float64, bool) {
+	t.Helper()
+	mf := fams[name]
+	if mf == nil {
+		return 0, false
+	}
+next:
+	for _, m := range mf.GetMetric() {
+		for _, lp := range m.GetLabel() {
+			if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+				continue next
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			return m.GetCounter().GetValue(), true
+		case m.Gauge != nil:
+			return m.GetGauge().GetValue(), true
+		case m.Histogram != nil:
+			return float64(m.GetHistogram().GetSampleCount()), true
+		}
+	}
+	return 0, false
+}
+
+func TestObserveSync(t *testing.T) {
+	end := time.Unix(1700000100, 0)
+	fs := &model.FamilySnapshot{Ports: []*model.ServicePort{port("a", true, true, 0, true)}}
+	tests := []struct {
+		name string
+		mode string
+		r    SyncResult
+		want map[string]float64 // metric name -> value (histograms: sample count)
+		none []string
+	}{
+		{
+			name: "success partial",
+			mode: ModeNFTables,
+			r: SyncResult{Family: model.IPv4, Duration: 20 * time.Millisecond, End: end, Snapshot: fs,
+				TriggerTimes: []time.Time{end.Add(-2 * time.Second), {}, end.Add(-time.Second)}},
+			want: map[string]float64{
+				"kubeproxy_sync_proxy_rules_duration_seconds":         1,
+				"kubeproxy_sync_partial_proxy_rules_duration_seconds": 1,
+				"kubeproxy_sync_proxy_rules_last_timestamp_seconds":   1700000100,
+				"kubeproxy_network_programming_duration_seconds":      2,
+				"kubeproxy_sync_proxy_rules_no_local_endpoints_total": 1,
+			},
+			none: []string{"kubeproxy_sync_full_proxy_rules_duration_seconds", "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"},
+		},
+		{
+			name: "nftables failure",
+			mode: ModeNFTables,
+			r:    SyncResult{Family: model.IPv4, Full: true, Duration: time.Second, End: end, Err: errors.New("x")},
+			want: map[string]float64{
+				"kubeproxy_sync_full_proxy_rules_duration_seconds":        1,
+				"kubeproxy_sync_proxy_rules_nftables_sync_failures_total": 1,
+			},
+			none: []string{"kubeproxy_sync_proxy_rules_last_timestamp_seconds", "kubeproxy_network_programming_duration_seconds"},
+		},
+		{
+			name: "iptables failure",
+			mode: ModeIPTables,
+			r:    SyncResult{Family: model.IPv6, Full: true, End: end, Err: errors.New("x")},
+			want: map[string]float64{"kubeproxy_sync_proxy_rules_iptables_restore_failures_total": 1},
+		},
+		{
+			name: "ipvs has no full histogram",
+			mode: ModeIPVS,
+			r:    SyncResult{Family: model.IPv4, Full: true, End: end},
+			want: map[string]float64{"kubeproxy_sync_proxy_rules_duration_seconds": 1},
+			none: []string{"kubeproxy_sync_full_proxy_rules_duration_seconds"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := NewRegistry()
+			m, err := New(reg, Options{Mode: tc.mode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.ObserveSync(tc.r)
+			fams := scrape(t, NewServer(ServerConfig{Gatherer: reg}))
+			fam := map[string]string{"ip_family": tc.r.Family.String(), "traffic_policy": PolicyInternal}
+			for name, want := range tc.want {
+				if got, ok := metricValue(t, fams, name, fam); !ok || got != want {
+					t.Errorf("%s = %v (present %v), want %v", name, got, ok, want)
+				}
+			}
+			for _, name := range tc.none {
+				if _, ok := metricValue(t, fams, name, fam); ok {
+					t.Errorf("%s present", name)
+				}
+			}
+		})
+	}
+}

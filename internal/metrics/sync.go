@@ -1,0 +1,81 @@
+package metrics
+
+import (
+	"time"
+
+	"github.com/kproxy/kproxy/internal/model"
+)
+
+// SyncResult is one sync attempt of one IP family, as the sync loop saw it.
+type SyncResult struct {
+	Family model.Family
+	// Full is true for a full resync, false for a partial one.
+	Full     bool
+	Duration time.Duration
+	// End is when the attempt finished.
+	End time.Time
+	// Err is nil when the dataplane was programmed.
+	Err error
+	// Snapshot is this family's programmed state; nil when Err is set.
+	Snapshot *model.FamilySnapshot
+	// TriggerTimes are the last-change-trigger-times of this family's
+	// changes that the sync programmed; zero times are skipped.
+	TriggerTimes []time.Time
+}
+
+// ObserveSync records one sync attempt: its duration always; on failure the
+// mode's failure counter (nftables: nftables_sync_failures_total; iptables
+// and ipvs: iptables_restore_failures_total); on success the last-sync
+// timestamp, the network programming latency of each trigger time and the
+// services without local endpoints.
+func (m *Metrics) ObserveSync(r SyncResult) {
+	if m == nil {
+		return
+	}
+	m.SyncDuration(r.Family, r.Full, r.Duration)
+	if r.Err != nil {
+		m.syncFailed(r.Family)
+		return
+	}
+	m.SyncSucceeded(r.Family, r.End)
+	for _, t := range r.TriggerTimes {
+		if !t.IsZero() {
+			m.NetworkProgrammed(r.Family, r.End.Sub(t))
+		}
+	}
+	if r.Snapshot != nil {
+		internal, external := CountNoLocalEndpoints(r.Snapshot)
+		m.NoLocalEndpoints(r.Family, internal, external)
+	}
+}
+
+func (m *Metrics) syncFailed(f model.Family) {
+	switch m.mode {
+	case ModeNFTables:
+		m.NFTablesSyncFailed(f)
+	case ModeIPTables, ModeIPVS:
+		m.IPTablesRestoreFailed(f)
+	}
+}
+
+// CountNoLocalEndpoints counts, as upstream's rule sync does, the service
+// ports that have endpoints but whose Local internal (respectively external)
+// traffic policy finds none on this node. Ports without any endpoint are
+// rejected outright and not counted.
+func CountNoLocalEndpoints(fs *model.FamilySnapshot) (internal, external int) {
+	if fs == nil {
+		return 0, 0
+	}
+	for _, p := range fs.Ports {
+		if !p.HasEndpoints || len(p.LocalEndpoints) > 0 {
+			continue
+		}
+		if p.InternalPolicyLocal {
+			internal++
+		}
+		if p.ExternalPolicyLocal {
+			external++
+		}
+	}
+	return internal, external
+}
