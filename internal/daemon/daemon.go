@@ -32,7 +32,7 @@ type env struct {
 	dataplanes map[string]DataplaneFunc
 	// servers builds the healthz and metrics servers and the observers that
 	// feed them.
-	servers   func(o *config.Options, nodeName string) ([]Server, []Observer, error)
+	servers   func(p ServerParams) ([]Server, []Observer, error)
 	conntrack conntrack.Table
 	sysctls   conntrack.IntFiles
 	numCPU    func() int

@@ -38,7 +38,7 @@ func testEnv(inputs InputsFunc, dp *fakeDataplane) env {
 	e.hostname = func() (string, error) { return "host", nil }
 	e.inputs = inputs
 	e.dataplanes = map[string]DataplaneFunc{ModeNFTables: func(dataplane.Config) (dataplane.Dataplane, error) { return dp, nil }}
-	e.servers = func(*config.Options, string) ([]Server, []Observer, error) { return nil, nil, nil }
+	e.servers = func(ServerParams) ([]Server, []Observer, error) { return nil, nil, nil }
 	e.conntrack = conntrack.NewFakeTable()
 	e.sysctls = failingFiles{}
 	e.numCPU = func() int { return 2 }

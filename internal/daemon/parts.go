@@ -31,9 +31,10 @@ type daemon struct {
 	errc chan error
 
 	// Set by prepare, before the runner starts.
-	dp   dataplane.Dataplane
-	fams []model.Family
-	obs  observers
+	dp    dataplane.Dataplane
+	dpCfg dataplane.Config
+	fams  []model.Family
+	obs   observers
 
 	// queued is read by notify, which runs on source goroutines.
 	queued atomic.Pointer[[]model.Family]
@@ -128,6 +129,7 @@ func (d *daemon) prepare(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	d.dpCfg = cfg
 	if d.dp, err = d.env.dataplanes[d.mode](cfg); err != nil {
 		return fmt.Errorf("creating the %s dataplane: %w", d.mode, err)
 	}

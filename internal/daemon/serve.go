@@ -60,7 +60,10 @@ func (d *daemon) cleanLeftovers(ctx context.Context) {
 // startServers builds the healthz and metrics servers and their observers,
 // and runs the servers.
 func (d *daemon) startServers(ctx context.Context, wg *sync.WaitGroup) error {
-	servers, obs, err := d.env.servers(d.o, d.nodeName)
+	servers, obs, err := d.env.servers(ServerParams{
+		Options: d.o, NodeName: d.nodeName, Mode: d.mode, Families: d.fams,
+		NodePortAddresses: d.dpCfg.NodePortAddresses, NodeOptional: !d.inputs.NodeExpected,
+	})
 	if err != nil {
 		return fmt.Errorf("setting up servers: %w", err)
 	}

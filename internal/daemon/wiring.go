@@ -18,8 +18,3 @@ func defaultInputs(o *config.Options, nodeName string, notify func()) (Inputs, e
 func defaultDataplanes() map[string]DataplaneFunc {
 	return map[string]DataplaneFunc{}
 }
-
-// defaultServers builds the healthz and metrics servers.
-func defaultServers(o *config.Options, nodeName string) ([]Server, []Observer, error) {
-	return nil, nil, nil
-}

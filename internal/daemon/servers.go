@@ -1,0 +1,123 @@
+package daemon
+
+import (
+	"fmt"
+	"time"
+
+	"k8s.io/klog/v2"
+	kpv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
+
+	"github.com/kproxy/kproxy/internal/config"
+	"github.com/kproxy/kproxy/internal/health"
+	"github.com/kproxy/kproxy/internal/metrics"
+	"github.com/kproxy/kproxy/internal/model"
+)
+
+// ServerParams is what the healthz and metrics servers are built from; it is
+// known once the dataplane is prepared.
+type ServerParams struct {
+	Options           *config.Options
+	NodeName          string
+	Mode              string
+	Families          []model.Family
+	NodePortAddresses []string
+	// NodeOptional is true when the source has no cluster (file source):
+	// /healthz then does not require a Node object.
+	NodeOptional bool
+}
+
+// defaultServers builds the proxy health server, one health-check node port
+// server per family, and the metrics server, with the observer that feeds
+// them from the sync loop.
+func defaultServers(p ServerParams) ([]Server, []Observer, error) {
+	cfg := p.Options.Config
+	reg := metrics.NewRegistry()
+	m, err := metrics.New(reg, metrics.Options{Mode: p.Mode})
+	if err != nil {
+		return nil, nil, fmt.Errorf("registering metrics: %w", err)
+	}
+	syncPeriod, _ := syncPeriods(cfg)
+	hs := health.NewProxyHealthServer(health.ProxyConfig{
+		Addr:         cfg.HealthzBindAddress,
+		Timeout:      2 * syncPeriod,
+		NodeOptional: p.NodeOptional,
+		Counter:      m,
+	})
+	obs := &serverObserver{health: hs, metrics: m, services: map[model.Family]*health.ServiceHealthServer{}}
+	servers := []Server{hs}
+	for _, f := range p.Families {
+		shs := health.NewServiceHealthServer(health.ServiceConfig{
+			NodeName: p.NodeName, Family: f, NodePortAddresses: p.NodePortAddresses,
+			Proxy: hs, Logger: klog.Background().WithValues("family", f.String()),
+		})
+		obs.services[f] = shs
+		servers = append(servers, shs)
+	}
+	servers = append(servers, metrics.NewServer(metrics.ServerConfig{
+		Addr: cfg.MetricsBindAddress, Gatherer: reg, Mode: p.Mode,
+		Configz: func() any { return configz(cfg) }, Profiling: cfg.EnableProfiling,
+	}))
+	return servers, []Observer{obs}, nil
+}
+
+// configz is the effective configuration as /configz shows it.
+func configz(cfg *kpv1alpha1.KubeProxyConfiguration) any {
+	c := cfg.DeepCopy()
+	c.APIVersion = kpv1alpha1.SchemeGroupVersion.String()
+	c.Kind = "KubeProxyConfiguration"
+	return c
+}
+
+// serverObserver feeds the health and metrics servers from the sync loop.
+type serverObserver struct {
+	health   *health.ProxyHealthServer
+	metrics  *metrics.Metrics
+	services map[model.Family]*health.ServiceHealthServer
+}
+
+func (o *serverObserver) Started(fams []model.Family) {
+	now := time.Now()
+	for _, f := range fams {
+		o.health.Updated(f)
+		o.metrics.SyncQueued(f, now)
+	}
+}
+
+func (o *serverObserver) Queued(fams []model.Family) {
+	now := time.Now()
+	for _, f := range fams {
+		o.health.QueuedUpdate(f)
+		o.metrics.SyncQueued(f, now)
+	}
+}
+
+func (o *serverObserver) Synced(r SyncReport) {
+	for i, f := range r.Families {
+		res := metrics.SyncResult{Family: f, Full: r.Full, Duration: r.Duration, End: r.Start.Add(r.Duration), Err: r.Err}
+		if r.Snapshot != nil {
+			res.Snapshot = r.Snapshot.Family(f)
+		}
+		if i == 0 {
+			// Trigger times are per change, not per family: count them once.
+			res.TriggerTimes = r.TriggerTimes
+		}
+		o.metrics.ObserveSync(res)
+		if r.Err != nil || r.Snapshot == nil {
+			continue
+		}
+		o.health.Updated(f)
+		if shs := o.services[f]; shs != nil {
+			if err := shs.SyncSnapshot(r.Snapshot.Family(f)); err != nil {
+				klog.Background().Error(err, "Updating health-check node ports failed", "family", f.String())
+			}
+		}
+	}
+	if r.Err == nil && r.Snapshot != nil {
+		o.health.SetNode(r.Snapshot.Node)
+	}
+	for _, c := range r.Conntrack {
+		if !c.Skipped {
+			o.metrics.ConntrackReconciled(c.Family, c.Duration, c.Deleted)
+		}
+	}
+}
