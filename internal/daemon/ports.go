@@ -26,6 +26,9 @@ type Batch struct {
 	// TriggerTimes are the last-change-trigger-times of the changed
 	// EndpointSlices and Services, for the network programming latency.
 	TriggerTimes []time.Time
+
+	// orig is the tracker's own batch, handed back on Done.
+	orig any
 }
 
 // Tracker coalesces source events and keeps changes pending until a sync that

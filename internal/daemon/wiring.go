@@ -1,9 +1,17 @@
 package daemon
 
 import (
-	"errors"
+	"fmt"
 
+	"k8s.io/klog/v2"
+
+	"github.com/kproxy/kproxy/internal/changes"
 	"github.com/kproxy/kproxy/internal/config"
+	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/dataplane/iptables"
+	"github.com/kproxy/kproxy/internal/dataplane/nftables"
+	"github.com/kproxy/kproxy/internal/source/api"
+	"github.com/kproxy/kproxy/internal/source/file"
 )
 
 // This file connects the daemon's consumer-side interfaces (ports.go) to the
@@ -11,10 +19,41 @@ import (
 
 // defaultInputs builds the file or API source and the change tracker.
 func defaultInputs(o *config.Options, nodeName string, notify func()) (Inputs, error) {
-	return Inputs{}, errors.New("sources are not wired in yet")
+	logger := klog.Background()
+	t := changes.NewTracker(nodeName, notify, changes.WithLogger(logger.WithName("changes")))
+	tr := trackerAdapter{t}
+	if o.SourceFile != "" {
+		src := file.New(o.SourceFile, nodeName, t, logger.WithName("file-source"))
+		return Inputs{Source: src, Tracker: tr}, nil
+	}
+	cfg := o.Config
+	client, err := api.NewClient(cfg.ClientConnection, o.Master, logger)
+	if err != nil {
+		return Inputs{}, fmt.Errorf("connecting to the API server: %w", err)
+	}
+	src := api.New(client, nodeName, cfg.ConfigSyncPeriod.Duration, t, logger.WithName("api-source"))
+	return Inputs{Source: src, Tracker: tr, NodeExpected: true}, nil
 }
+
+// trackerAdapter presents a *changes.Tracker as the daemon's Tracker.
+type trackerAdapter struct{ t *changes.Tracker }
+
+func (a trackerAdapter) Synced() bool { return a.t.Synced() }
+
+func (a trackerAdapter) Take() *Batch {
+	cb := a.t.Take()
+	return &Batch{
+		Input: cb.Input, Changed: cb.Changed, NodeChanged: cb.NodeChanged,
+		TriggerTimes: cb.AllTriggerTimes(), orig: cb,
+	}
+}
+
+func (a trackerAdapter) Done(b *Batch, ok bool) { a.t.Done(b.orig.(*changes.Batch), ok) }
 
 // defaultDataplanes lists the backends this binary has.
 func defaultDataplanes() map[string]DataplaneFunc {
-	return map[string]DataplaneFunc{}
+	return map[string]DataplaneFunc{
+		ModeNFTables: func(cfg dataplane.Config) (dataplane.Dataplane, error) { return nftables.New(cfg) },
+		ModeIPTables: func(cfg dataplane.Config) (dataplane.Dataplane, error) { return iptables.New(cfg) },
+	}
 }
