@@ -1,0 +1,206 @@
+package objects
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+)
+
+// FromService returns the slim form of svc. It copies what it keeps, so svc
+// may be changed or dropped afterwards. spec.clusterIP stands in for an empty
+// spec.clusterIPs (objects written before dual-stack).
+func FromService(svc *corev1.Service) *Service {
+	spec := &svc.Spec
+	out := &Service{
+		Namespace:                svc.Namespace,
+		Name:                     svc.Name,
+		ResourceVersion:          svc.ResourceVersion,
+		Type:                     string(spec.Type),
+		ClusterIPs:               cloneStrings(spec.ClusterIPs),
+		Ports:                    servicePorts(spec.Ports),
+		ExternalIPs:              cloneStrings(spec.ExternalIPs),
+		LoadBalancerIngress:      lbIngress(svc.Status.LoadBalancer.Ingress),
+		LoadBalancerSourceRanges: cloneStrings(spec.LoadBalancerSourceRanges),
+		SessionAffinity:          string(spec.SessionAffinity),
+		ExternalTrafficPolicy:    string(spec.ExternalTrafficPolicy),
+		HealthCheckNodePort:      spec.HealthCheckNodePort,
+	}
+	if len(out.ClusterIPs) == 0 && spec.ClusterIP != "" {
+		out.ClusterIPs = []string{spec.ClusterIP}
+	}
+	if c := spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+		out.SessionAffinityTimeout = *c.ClientIP.TimeoutSeconds
+	}
+	if spec.InternalTrafficPolicy != nil {
+		out.InternalTrafficPolicy = string(*spec.InternalTrafficPolicy)
+	}
+	if spec.TrafficDistribution != nil {
+		out.TrafficDistribution = *spec.TrafficDistribution
+	}
+	return out
+}
+
+func servicePorts(in []corev1.ServicePort) []ServicePort {
+	if len(in) == 0 {
+		return nil
+	}
+	out := make([]ServicePort, len(in))
+	for i, p := range in {
+		out[i] = ServicePort{Name: p.Name, Protocol: string(p.Protocol), Port: p.Port, NodePort: p.NodePort}
+	}
+	return out
+}
+
+// lbIngress keeps the ingress entries that carry an IP (hostname-only
+// entries cannot be proxied).
+func lbIngress(in []corev1.LoadBalancerIngress) []LoadBalancerIngress {
+	var out []LoadBalancerIngress
+	for _, ing := range in {
+		if ing.IP == "" {
+			continue
+		}
+		e := LoadBalancerIngress{IP: ing.IP}
+		if ing.IPMode != nil {
+			e.IPMode = string(*ing.IPMode)
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// FromEndpointSlice returns the slim form of es. It copies what it keeps.
+func FromEndpointSlice(es *discoveryv1.EndpointSlice) *EndpointSlice {
+	out := &EndpointSlice{
+		Namespace:       es.Namespace,
+		Name:            es.Name,
+		ResourceVersion: es.ResourceVersion,
+		ServiceName:     es.Labels[LabelServiceName],
+		AddressType:     string(es.AddressType),
+		TriggerTime:     es.Annotations[AnnotationTriggerTime],
+	}
+	if len(es.Ports) > 0 {
+		out.Ports = make([]EndpointPort, len(es.Ports))
+		for i, p := range es.Ports {
+			out.Ports[i] = endpointPort(p)
+		}
+	}
+	if len(es.Endpoints) > 0 {
+		out.Endpoints = make([]Endpoint, len(es.Endpoints))
+		for i := range es.Endpoints {
+			out.Endpoints[i] = endpoint(&es.Endpoints[i])
+		}
+	}
+	return out
+}
+
+func endpointPort(p discoveryv1.EndpointPort) EndpointPort {
+	var out EndpointPort
+	if p.Name != nil {
+		out.Name = *p.Name
+	}
+	if p.Protocol != nil {
+		out.Protocol = string(*p.Protocol)
+	}
+	if p.Port != nil {
+		out.Port = *p.Port
+	}
+	return out
+}
+
+func endpoint(ep *discoveryv1.Endpoint) Endpoint {
+	out := Endpoint{
+		Addresses:   cloneStrings(ep.Addresses),
+		Ready:       cloneBool(ep.Conditions.Ready),
+		Serving:     cloneBool(ep.Conditions.Serving),
+		Terminating: cloneBool(ep.Conditions.Terminating),
+	}
+	if ep.NodeName != nil {
+		out.NodeName = *ep.NodeName
+	}
+	if ep.Zone != nil {
+		out.Zone = *ep.Zone
+	}
+	if h := ep.Hints; h != nil {
+		for _, z := range h.ForZones {
+			out.HintZones = append(out.HintZones, z.Name)
+		}
+		for _, n := range h.ForNodes {
+			out.HintNodes = append(out.HintNodes, n.Name)
+		}
+	}
+	return out
+}
+
+// FromNode returns the slim form of n: the zone label, pod CIDRs (spec.podCIDR
+// stands in for an empty spec.podCIDRs), internal and external addresses,
+// deletion and the cluster autoscaler's ToBeDeleted taint.
+func FromNode(n *corev1.Node) *Node {
+	out := &Node{
+		Name:            n.Name,
+		ResourceVersion: n.ResourceVersion,
+		PodCIDRs:        cloneStrings(n.Spec.PodCIDRs),
+		Deleting:        n.DeletionTimestamp != nil,
+	}
+	if zone, ok := n.Labels[LabelTopologyZone]; ok {
+		out.Labels = map[string]string{LabelTopologyZone: zone}
+	}
+	if len(out.PodCIDRs) == 0 && n.Spec.PodCIDR != "" {
+		out.PodCIDRs = []string{n.Spec.PodCIDR}
+	}
+	for _, a := range n.Status.Addresses {
+		switch a.Type {
+		case corev1.NodeInternalIP:
+			out.InternalIPs = append(out.InternalIPs, a.Address)
+		case corev1.NodeExternalIP:
+			out.ExternalIPs = append(out.ExternalIPs, a.Address)
+		}
+	}
+	for _, t := range n.Spec.Taints {
+		if t.Key == TaintToBeDeletedByCA {
+			out.ToBeDeleted = true
+		}
+	}
+	return out
+}
+
+// cloneStrings copies s; empty and nil both become nil so that equal objects
+// compare deep-equal whatever way they were decoded.
+func cloneStrings(s []string) []string {
+	if len(s) == 0 {
+		return nil
+	}
+	return append([]string(nil), s...)
+}
+
+func cloneBool(b *bool) *bool {
+	if b == nil {
+		return nil
+	}
+	v := *b
+	return &v
+}
+
+// ServiceProxied reports whether kproxy proxies svc, as upstream decides: not
+// headless (spec.clusterIP "None" or empty), not ExternalName, and without
+// the service.kubernetes.io/service-proxy-name label (another proxy owns it).
+func ServiceProxied(svc *corev1.Service) bool {
+	if _, ok := svc.Labels[LabelServiceProxyName]; ok {
+		return false
+	}
+	if svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == ClusterIPNone {
+		return false
+	}
+	return svc.Spec.Type != corev1.ServiceTypeExternalName
+}
+
+// SliceProxied reports whether kproxy reads es: it names its Service with
+// the kubernetes.io/service-name label, has no service.kubernetes.io/headless
+// label, and holds IP addresses (FQDN slices are not proxied).
+func SliceProxied(es *discoveryv1.EndpointSlice) bool {
+	if _, ok := es.Labels[LabelHeadless]; ok {
+		return false
+	}
+	if es.Labels[LabelServiceName] == "" {
+		return false
+	}
+	return es.AddressType == discoveryv1.AddressTypeIPv4 || es.AddressType == discoveryv1.AddressTypeIPv6
+}

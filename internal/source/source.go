@@ -1,0 +1,53 @@
+// Package source defines what kproxy's input sources (the Kubernetes API in
+// source/api, a watched YAML file in source/file) deliver: slim objects and
+// deletions, one event at a time, to a Handler (the change tracker).
+package source
+
+import "github.com/kproxy/kproxy/internal/objects"
+
+// Kind names one kind of object a source lists.
+type Kind int
+
+const (
+	Services Kind = iota
+	EndpointSlices
+	Nodes
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Services:
+		return "Services"
+	case EndpointSlices:
+		return "EndpointSlices"
+	case Nodes:
+		return "Node"
+	}
+	return "unknown"
+}
+
+// Handler receives a source's events. Sources call it from their own
+// goroutines; implementations must be safe for that. Objects passed in are
+// never changed afterwards by the source, and the handler must not change
+// them either.
+//
+// A source sends only objects kproxy proxies: a Service that becomes headless
+// or gains the service-proxy-name label is reported as deleted. Deleting an
+// object the handler does not know is not an error.
+type Handler interface {
+	// OnService reports a Service that was added or updated.
+	OnService(svc *objects.Service)
+	// OnServiceDeleted reports that the Service key is gone.
+	OnServiceDeleted(key objects.Key)
+	// OnSlice reports an EndpointSlice that was added or updated.
+	OnSlice(slice *objects.EndpointSlice)
+	// OnSliceDeleted reports that the EndpointSlice key is gone.
+	OnSliceDeleted(key objects.Key)
+	// OnNode reports this node's Node object (added or updated).
+	OnNode(node *objects.Node)
+	// OnNodeDeleted reports that this node's Node object is gone.
+	OnNodeDeleted()
+	// OnSynced reports that kind has been listed completely once. It is
+	// called once per kind, after the events of the initial list.
+	OnSynced(kind Kind)
+}
