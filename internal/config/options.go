@@ -5,6 +5,7 @@
 package config
 
 import (
+	"k8s.io/component-base/featuregate"
 	kpv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
 )
 
@@ -33,6 +34,13 @@ type Options struct {
 	// DryRun is --dry-run (kproxy extension): print what the dataplane would
 	// program after the first sync instead of touching the kernel, then exit.
 	DryRun bool
+
+	// NodeName is this node's name as upstream computes it: the
+	// hostnameOverride, else the host name, trimmed and lower-cased.
+	NodeName string
+	// FeatureGate holds the effective feature gates: upstream v1.36's known
+	// gates at their defaults, overridden by the config's featureGates.
+	FeatureGate featuregate.FeatureGate
 
 	// Warnings are non-fatal problems found while loading (unknown fields in
 	// the config file, deprecated flags); the caller logs them.

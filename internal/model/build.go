@@ -1,6 +1,11 @@
 package model
 
-import "github.com/kproxy/kproxy/internal/objects"
+import (
+	"maps"
+	"slices"
+
+	"github.com/kproxy/kproxy/internal/objects"
+)
 
 // Input is everything the model reads: the current Services, the EndpointSlices
 // grouped by the Service they belong to, and this node's Node object.
@@ -17,16 +22,160 @@ type Input struct {
 	Slices map[objects.Key][]*objects.EndpointSlice
 }
 
-// Build makes a Snapshot of the whole input.
-// TODO(model): implemented by the model package owner.
+// Build makes a Snapshot of the whole input. It also returns every problem
+// found in the input (the same list Snapshot.Problems returns); the objects
+// or parts with problems are skipped, nothing else is affected.
 func Build(in Input) (*Snapshot, []Problem) {
-	return Update(nil, in, nil)
+	node, nodeProbs := makeNodeInfo(in.NodeName, in.Node)
+	b := newBuilder(node)
+	keys := slices.SortedFunc(maps.Keys(in.Services), compareKeys)
+	v4 := make([]*ServicePort, 0, len(keys))
+	v6 := make([]*ServicePort, 0)
+	for _, k := range keys {
+		b.service(k, in.Services[k], in.Slices[k], &v4, &v6)
+	}
+	s := &Snapshot{
+		Node:         node,
+		V4:           newFamilySnapshot(IPv4, v4),
+		V6:           newFamilySnapshot(IPv6, v6),
+		node:         in.Node,
+		nodeProblems: nodeProbs,
+		svcProblems:  b.svcProblems,
+	}
+	return s, s.Problems()
 }
 
 // Update makes a Snapshot that shares every unchanged ServicePort with prev and
 // rebuilds only the Services named in changed (those added, updated or deleted,
-// or whose slices changed). A nil prev, or a change of the node's name, zone or
-// existence, rebuilds everything. The result equals Build(in).
+// or whose slices changed). A nil prev, or a change of the node's name or
+// zone (the only node facts ports depend on), rebuilds everything. The result
+// equals Build(in). The problems returned are those of the rebuilt Services,
+// and of the Node when in.Node is another object than prev's.
 func Update(prev *Snapshot, in Input, changed map[objects.Key]struct{}) (*Snapshot, []Problem) {
-	return &Snapshot{V4: &FamilySnapshot{Family: IPv4, ByID: map[PortID]*ServicePort{}}, V6: &FamilySnapshot{Family: IPv6, ByID: map[PortID]*ServicePort{}}}, nil
+	if prev == nil || prev.V4 == nil || prev.V6 == nil {
+		return Build(in)
+	}
+	node, nodeProbs := prev.Node, prev.nodeProblems
+	var probs []Problem
+	if in.Node != prev.node || in.NodeName != prev.Node.Name {
+		node, nodeProbs = makeNodeInfo(in.NodeName, in.Node)
+		probs = append(probs, nodeProbs...)
+	}
+	if node.Name != prev.Node.Name || node.Zone != prev.Node.Zone {
+		return Build(in)
+	}
+	b := newBuilder(node)
+	b.svcProblems = prev.svcProblems
+	keys := slices.SortedFunc(maps.Keys(changed), compareKeys)
+	var v4, v6 []*ServicePort
+	for _, k := range keys {
+		probs = append(probs, b.service(k, in.Services[k], in.Slices[k], &v4, &v6)...)
+	}
+	return &Snapshot{
+		Node:         node,
+		V4:           prev.V4.replace(keys, v4),
+		V6:           prev.V6.replace(keys, v6),
+		node:         in.Node,
+		nodeProblems: nodeProbs,
+		svcProblems:  b.svcProblems,
+	}, probs
+}
+
+// Problems returns every problem of the input the snapshot was built from:
+// the Node's first, then each Service's (with its slices'), by Service key.
+func (s *Snapshot) Problems() []Problem {
+	out := slices.Clone(s.nodeProblems)
+	for _, k := range slices.SortedFunc(maps.Keys(s.svcProblems), compareKeys) {
+		out = append(out, s.svcProblems[k]...)
+	}
+	return out
+}
+
+func compareKeys(a, b objects.Key) int {
+	if a.Namespace != b.Namespace {
+		if a.Namespace < b.Namespace {
+			return -1
+		}
+		return 1
+	}
+	switch {
+	case a.Name < b.Name:
+		return -1
+	case a.Name > b.Name:
+		return 1
+	}
+	return 0
+}
+
+// builder makes the ports of one Service after another.
+type builder struct {
+	node   NodeInfo
+	reader endpointReader
+	// svcProblems is copied before its first change (it may be prev's).
+	svcProblems map[objects.Key][]Problem
+	copied      bool
+}
+
+func newBuilder(node NodeInfo) *builder {
+	return &builder{node: node, reader: endpointReader{nodeName: node.Name}}
+}
+
+// service appends the ports of the Service key, in each family, sorted by
+// ID, to v4 and v6, records its problems and returns them.
+func (b *builder) service(key objects.Key, svc *objects.Service, sl []*objects.EndpointSlice, v4, v6 *[]*ServicePort) []Problem {
+	var list []Problem
+	b.addPorts(key, svc, sl, [2]*[]*ServicePort{v4, v6}, &list)
+	b.setProblems(key, list)
+	return list
+}
+
+func (b *builder) addPorts(key objects.Key, svc *objects.Service, sl []*objects.EndpointSlice, dst [2]*[]*ServicePort, list *[]Problem) {
+	probs := &problemList{kind: "Service", key: key, list: list}
+	if svc != nil && svc.Key() != key {
+		probs.add("metadata", "filed under "+key.String()+" but named "+svc.Key().String())
+		return
+	}
+	info := parseService(svc, probs)
+	if info == nil || len(info.ports) == 0 {
+		return
+	}
+	b.reader.split(key, sl, list)
+	for i, f := range families {
+		if !info.clusterIP[i].IsValid() {
+			continue
+		}
+		groups, localReady := b.reader.read(f, list)
+		ports := make([]ServicePort, len(info.ports))
+		for j, ps := range info.ports {
+			p := &ports[j]
+			*p = info.servicePort(key, f, ps)
+			p.Endpoints = endpointsFor(groups, ps.key)
+			p.LocalReadyEndpoints = localReady
+			categorize(p, b.node.Name, b.node.Zone)
+			*dst[i] = append(*dst[i], p)
+		}
+	}
+}
+
+// setProblems records the problems of the Service key (none removes it).
+func (b *builder) setProblems(key objects.Key, list []Problem) {
+	if _, had := b.svcProblems[key]; !had && len(list) == 0 {
+		return
+	}
+	if !b.copied {
+		b.svcProblems = maps.Clone(b.svcProblems)
+		b.copied = true
+	}
+	if len(list) == 0 {
+		delete(b.svcProblems, key)
+		if len(b.svcProblems) == 0 {
+			b.svcProblems = nil
+			b.copied = false
+		}
+		return
+	}
+	if b.svcProblems == nil {
+		b.svcProblems = map[objects.Key][]Problem{}
+	}
+	b.svcProblems[key] = list
 }

@@ -78,13 +78,23 @@ func (id PortID) Less(o PortID) bool {
 }
 
 // Snapshot is the whole desired proxy state at one moment. It is immutable once
-// built: dataplanes and tools may share it freely.
+// built: dataplanes and tools may share it freely. Update shares unchanged
+// FamilySnapshots and ServicePorts between snapshots, so nothing reachable from
+// a Snapshot may be modified.
 type Snapshot struct {
 	Node NodeInfo
 	// V4 and V6 hold the service ports of each family. A dual-stack Service
 	// appears in both; a single-stack one in one. Never nil.
 	V4 *FamilySnapshot
 	V6 *FamilySnapshot
+
+	// node is the object Node was made from; Update reuses Node while the
+	// pointer stays the same.
+	node *objects.Node
+	// nodeProblems and svcProblems keep the problems of the current input, so
+	// that Problems can list them all (svcProblems is nil when empty).
+	nodeProblems []Problem
+	svcProblems  map[objects.Key][]Problem
 }
 
 // Family returns the per-family part of the snapshot.
@@ -134,7 +144,10 @@ type ServicePort struct {
 	// LoadBalancerIPs are the status ingress IPs of this family with ipMode VIP
 	// (or unset); ingress IPs with ipMode Proxy are left out, as upstream does.
 	LoadBalancerIPs []netip.Addr
-	// SourceRanges are spec.loadBalancerSourceRanges of this family.
+	// SourceRanges are the valid spec.loadBalancerSourceRanges of this family,
+	// masked to their network. As upstream: invalid entries are ignored, and
+	// the list is empty (no restriction for this family) when it would hold a
+	// zero-length prefix, or when every range is of the other family.
 	SourceRanges []netip.Prefix
 
 	// AffinityTimeout is the ClientIP session affinity timeout in seconds;
@@ -142,15 +155,23 @@ type ServicePort struct {
 	AffinityTimeout int32
 
 	// ExternalPolicyLocal is true when externalTrafficPolicy is Local and the
-	// port is reachable from outside (NodePort, LoadBalancer or externalIPs).
+	// Service is externally accessible by its spec, as upstream decides: type
+	// NodePort or LoadBalancer, or type ClusterIP with spec.externalIPs. It is
+	// a Service-level fact: the port itself may still lack any external
+	// frontend (see ExternallyAccessible).
 	ExternalPolicyLocal bool
 	// InternalPolicyLocal is true when internalTrafficPolicy is Local.
 	InternalPolicyLocal bool
-	// HealthCheckNodePort serves /healthz for ExternalPolicyLocal; 0 if none.
+	// HealthCheckNodePort serves /healthz for a LoadBalancer Service with
+	// ExternalPolicyLocal; 0 if none.
 	HealthCheckNodePort uint16
+	// TopologyMode is the topology the cluster endpoints were chosen with:
+	// "" (none), "PreferSameZone" or "PreferSameNode" (from the hints).
+	TopologyMode string
 
-	// Endpoints are all endpoints of this family for this port, deduplicated
-	// across slices, sorted by address and port.
+	// Endpoints are all endpoints of this family for this port (slice port
+	// of the same name and protocol), deduplicated across slices, sorted by
+	// address and port. Empty lists below are nil.
 	Endpoints []*Endpoint
 	// ClusterEndpoints serve traffic subject to the Cluster policy (nil when
 	// the port uses none); LocalEndpoints serve traffic subject to the Local
@@ -162,12 +183,10 @@ type ServicePort struct {
 	// HasEndpoints is true when any endpoint (ready, serving or terminating)
 	// exists, even if none is usable: it decides between reject and drop.
 	HasEndpoints bool
-	// LocalReadyEndpoints counts ready endpoints on this node; it drives the
-	// health-check node port answer.
+	// LocalReadyEndpoints is upstream's health-check count, the same on every
+	// port of a Service in one family: the number of distinct IPs of ready
+	// endpoints on this node over all ports of the Service's slices.
 	LocalReadyEndpoints int
-
-	// TriggerTime is the newest last-change-trigger-time of the port's slices
-	// that is not yet programmed; zero when unknown. Used for metrics only.
 }
 
 // ExternallyAccessible reports whether the port has a NodePort, external IPs or
@@ -177,15 +196,19 @@ func (p *ServicePort) ExternallyAccessible() bool {
 }
 
 // UsesClusterEndpoints reports whether any traffic to the port is subject to
-// the Cluster policy.
+// the Cluster policy: internal traffic with internalTrafficPolicy Cluster, or
+// any externally accessible port (even with externalTrafficPolicy Local,
+// traffic from pods and the node to external frontends is short-circuited to
+// the cluster endpoints, as upstream does).
 func (p *ServicePort) UsesClusterEndpoints() bool {
-	return !p.InternalPolicyLocal || (p.ExternallyAccessible() && !p.ExternalPolicyLocal)
+	return !p.InternalPolicyLocal || p.ExternallyAccessible()
 }
 
-// UsesLocalEndpoints reports whether any traffic to the port is subject to the
-// Local policy.
+// UsesLocalEndpoints reports whether any traffic to the port is subject to
+// the Local policy: internalTrafficPolicy Local, or externalTrafficPolicy
+// Local on an externally accessible port.
 func (p *ServicePort) UsesLocalEndpoints() bool {
-	return p.InternalPolicyLocal || p.ExternalPolicyLocal
+	return p.InternalPolicyLocal || (p.ExternalPolicyLocal && p.ExternallyAccessible())
 }
 
 // Endpoint is one backend of a service port.
@@ -193,8 +216,8 @@ type Endpoint struct {
 	IP   netip.Addr
 	Port uint16
 	// Ready, Serving and Terminating are the slice conditions with upstream's
-	// defaults applied (a missing ready counts as ready; a missing serving
-	// follows ready).
+	// defaults applied: a missing ready or serving counts as true, a missing
+	// terminating as false.
 	Ready       bool
 	Serving     bool
 	Terminating bool

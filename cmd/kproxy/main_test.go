@@ -1,0 +1,62 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestRun(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	content := "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n" +
+		"masqueradeBitt: 1\niptables:\n  masqueradeBit: 40\noomScoreAdj: 5000\n"
+	if err := os.WriteFile(bad, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "out.yaml")
+	tests := []struct {
+		name       string
+		args       []string
+		code       int
+		stdout     []string
+		stderr     []string
+		wantOutput bool
+	}{
+		{name: "version", args: []string{"--version"}, stdout: []string{"kproxy version ", "(kube-proxy v1.36.3 compatible)"}},
+		{name: "version raw", args: []string{"--version=raw"}, stdout: []string{"kproxy version ", "go: go"}},
+		{name: "help", args: []string{"--help"}, stdout: []string{"--proxy-mode ProxyMode", "--iptables-masquerade-bit int32", "--source-file", "--dry-run", "--feature-gates", "--logging-format", "--vmodule"}},
+		{name: "write config", args: []string{"--write-config-to=" + out, "--proxy-mode=nftables"}, wantOutput: true},
+		{name: "invalid config lists every problem", args: []string{"--config=" + bad}, code: 1,
+			stderr: []string{"invalid configuration (2 problems)", "\n  iptables.masqueradeBit: Invalid value: 40", "\n  oomScoreAdj: Invalid value: 5000"}},
+		{name: "missing config", args: []string{"--config=" + filepath.Join(dir, "none.yaml")}, code: 1, stderr: []string{"none.yaml"}},
+		{name: "argument", args: []string{"extra"}, code: 1, stderr: []string{"does not take any arguments"}},
+		{name: "bad flag shows usage", args: []string{"--bind-address=x"}, code: 1, stderr: []string{"not a valid IP address", "Usage:"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr strings.Builder
+			code := run(tc.args, &stdout, &stderr)
+			if code != tc.code {
+				t.Errorf("exit code %d, want %d\nstdout: %s\nstderr: %s", code, tc.code, stdout.String(), stderr.String())
+			}
+			for _, s := range tc.stdout {
+				if !strings.Contains(stdout.String(), s) {
+					t.Errorf("stdout lacks %q:\n%s", s, stdout.String())
+				}
+			}
+			for _, s := range tc.stderr {
+				if !strings.Contains(stderr.String(), s) {
+					t.Errorf("stderr lacks %q:\n%s", s, stderr.String())
+				}
+			}
+			if tc.wantOutput {
+				data, err := os.ReadFile(out)
+				if err != nil || !strings.Contains(string(data), "mode: nftables") {
+					t.Errorf("written config: %v\n%s", err, data)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,247 @@
+package iptables
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/objects"
+)
+
+// famState is what kproxy last wrote for one family.
+type famState struct {
+	fam model.Family
+	// valid is false until a full sync succeeds, and again after a failed
+	// sync or a detected drift: the next sync is then full.
+	valid bool
+	large bool
+	ports map[model.PortID]*portRules
+	// shared holds the rules of the non-per-port chains last written,
+	// keyed by "table/chain".
+	shared map[string][]string
+}
+
+func key(table, chain string) string { return table + "/" + chain }
+
+// restore runs one iptables-restore --noflush for the family.
+func (p *Proxier) restore(ctx context.Context, fam model.Family, text string) error {
+	if text == "" {
+		return nil
+	}
+	start := time.Now()
+	_, err := p.exec.Run(ctx, []byte(text), p.backend.cmd(fam, "-restore"), "--noflush", "--wait")
+	klog.FromContext(ctx).V(2).Info("iptables-restore", "family", fam, "bytes", len(text), "elapsed", time.Since(start), "err", err)
+	return err
+}
+
+// save reads one table of the family.
+func (p *Proxier) save(ctx context.Context, fam model.Family, table string) (*savedTable, error) {
+	out, err := p.exec.Run(ctx, nil, p.backend.cmd(fam, "-save"), "-t", table)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s table: %w", table, err)
+	}
+	return parseSave(string(out)), nil
+}
+
+// fullSync rewrites every chain, re-adds missing jumps and deletes stale
+// chains found in the kernel. Nothing is flushed as a whole, so traffic
+// keeps flowing across a restart.
+func (p *Proxier) fullSync(ctx context.Context, st *famState, snap *model.Snapshot) error {
+	if err := p.prepareSysctls(ctx); err != nil {
+		return err
+	}
+	fs := snap.Family(st.fam)
+	r := newRenderer(p.params(), fs, snap.Node)
+	ports := make(map[model.PortID]*portRules, len(fs.Ports))
+	for _, sp := range fs.Ports {
+		ports[sp.ID] = r.port(sp)
+	}
+	filter, natShared := r.sharedChains(fs.Ports, ports)
+	natAll := slices.Clone(natShared)
+	for _, sp := range fs.Ports {
+		natAll = append(natAll, ports[sp.ID].nat...)
+	}
+	savedNAT, err := p.save(ctx, st.fam, tableNAT)
+	if err != nil {
+		return err
+	}
+	savedFilter, err := p.save(ctx, st.fam, tableFilter)
+	if err != nil {
+		return err
+	}
+	jumps := r.jumps()
+	nat := &tableWrite{table: tableNAT, chains: natAll, deletes: staleChains(tableNAT, savedNAT, natAll), inserts: missingJumps(savedNAT, jumps, tableNAT)}
+	f1, f3 := filterPhases(filter, savedFilter.rules, true)
+	f1.inserts = missingJumps(savedFilter, jumps, tableFilter)
+	f3.deletes = staleChains(tableFilter, savedFilter, filter)
+	mangle := &tableWrite{table: tableMangle, chains: []*Chain{canaryChain()}}
+	if err := p.restore(ctx, st.fam, restoreText(mangle, f1, nat, f3)); err != nil {
+		return err
+	}
+	st.valid, st.large, st.ports = true, r.large, ports
+	st.shared = sharedState(filter, natShared)
+	return nil
+}
+
+func sharedState(filter, nat []*Chain) map[string][]string {
+	m := make(map[string][]string, len(filter)+len(nat))
+	for _, c := range filter {
+		m[key(tableFilter, c.Name)] = c.Rules
+	}
+	for _, c := range nat {
+		m[key(tableNAT, c.Name)] = c.Rules
+	}
+	return m
+}
+
+// missingJumps are the jumps of table not found in the saved built-in chains.
+func missingJumps(saved *savedTable, jumps []Jump, table string) []Jump {
+	var out []Jump
+	for _, j := range jumps {
+		if j.Table == table && !hasJump(saved, j) {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
+// filterPhases splits a filter update in two so that no connection is
+// dropped or wrongly rejected in between: phase 1 (before nat) adds new
+// REJECT/DROP rules while keeping old ones; phase 3 (after nat) removes the
+// old ones. A REJECT for a Service IP never matches a packet nat already
+// DNATed, so keeping it while the DNAT appears is harmless; adding it before
+// the DNAT disappears closes the window in the other direction.
+func filterPhases(desired []*Chain, old map[string][]string, all bool) (*tableWrite, *tableWrite) {
+	f1, f3 := &tableWrite{table: tableFilter}, &tableWrite{table: tableFilter}
+	for _, c := range desired {
+		o, had := old[c.Name]
+		if !all && had && slices.Equal(o, c.Rules) {
+			continue
+		}
+		adds, removes := diffRules(c.Rules, o)
+		if len(adds) > 0 || !had {
+			f1.chains = append(f1.chains, &Chain{Name: c.Name, Rules: append(slices.Clone(c.Rules), removes...)})
+			if len(removes) == 0 {
+				continue
+			}
+		}
+		f3.chains = append(f3.chains, c)
+	}
+	return f1, f3
+}
+
+// diffRules returns the rules of a not in b and of b not in a.
+func diffRules(a, b []string) (onlyA, onlyB []string) {
+	inA := make(map[string]bool, len(a))
+	for _, r := range a {
+		inA[r] = true
+	}
+	inB := make(map[string]bool, len(b))
+	for _, r := range b {
+		inB[r] = true
+		if !inA[r] {
+			onlyB = append(onlyB, r)
+		}
+	}
+	for _, r := range a {
+		if !inB[r] {
+			onlyA = append(onlyA, r)
+		}
+	}
+	return onlyA, onlyB
+}
+
+// partialSync re-renders only the ports of changed Services, then writes
+// the chains whose rules differ from what was last written.
+func (p *Proxier) partialSync(ctx context.Context, st *famState, snap *model.Snapshot, changed map[objects.Key]struct{}) error {
+	fs := snap.Family(st.fam)
+	r := newRenderer(p.params(), fs, snap.Node)
+	if r.large != st.large {
+		return p.fullSync(ctx, st, snap) // every endpoint comment changes
+	}
+	ports := maps.Clone(st.ports)
+	touched := map[model.PortID]bool{}
+	for id := range st.ports {
+		if _, ok := changed[id.Service()]; ok {
+			delete(ports, id)
+			touched[id] = true
+		}
+	}
+	for _, sp := range fs.Ports {
+		if _, ok := changed[sp.ID.Service()]; ok {
+			ports[sp.ID] = r.port(sp)
+			touched[sp.ID] = true
+		}
+	}
+	filter, natShared := r.sharedChains(fs.Ports, ports)
+	nat := sharedNATWrite(natShared, st.shared)
+	for id := range touched {
+		addPortDiff(nat, st.ports[id], ports[id])
+	}
+	oldFilter := map[string][]string{}
+	for _, c := range filter {
+		if rules, ok := st.shared[key(tableFilter, c.Name)]; ok {
+			oldFilter[c.Name] = rules
+		}
+	}
+	f1, f3 := filterPhases(filter, oldFilter, false)
+	if err := p.restore(ctx, st.fam, restoreText(f1, nat, f3)); err != nil {
+		return err
+	}
+	st.ports, st.shared = ports, sharedState(filter, natShared)
+	return nil
+}
+
+// sharedNATWrite writes the shared nat chains that changed and deletes the
+// dispatch buckets that emptied.
+func sharedNATWrite(natShared []*Chain, old map[string][]string) *tableWrite {
+	w := &tableWrite{table: tableNAT}
+	now := make(map[string]bool, len(natShared))
+	for _, c := range natShared {
+		now[c.Name] = true
+		if o, ok := old[key(tableNAT, c.Name)]; !ok || !slices.Equal(o, c.Rules) {
+			w.chains = append(w.chains, c)
+		}
+	}
+	for k := range old {
+		if name, ok := cutPrefix(k, tableNAT+"/"); ok && !now[name] {
+			w.deletes = append(w.deletes, name)
+		}
+	}
+	slices.Sort(w.deletes)
+	return w
+}
+
+func cutPrefix(s, p string) (string, bool) {
+	if len(s) >= len(p) && s[:len(p)] == p {
+		return s[len(p):], true
+	}
+	return "", false
+}
+
+// addPortDiff adds to w the chains of one port that differ between old and
+// new (either may be nil) and deletes the chains new no longer has.
+func addPortDiff(w *tableWrite, old, new *portRules) {
+	prev := map[string][]string{}
+	if old != nil {
+		for _, c := range old.nat {
+			prev[c.Name] = c.Rules
+		}
+	}
+	if new != nil {
+		for _, c := range new.nat {
+			if o, ok := prev[c.Name]; !ok || !slices.Equal(o, c.Rules) {
+				w.chains = append(w.chains, c)
+			}
+			delete(prev, c.Name)
+		}
+	}
+	for _, name := range sortedKeys(prev) {
+		w.deletes = append(w.deletes, name)
+	}
+}

@@ -1,0 +1,219 @@
+package iptables
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/objects"
+)
+
+func newTestProxier(t *testing.T) (*Proxier, *fakeKernel, fakeSysctl) {
+	k := newFakeKernel()
+	sc := fakeSysctl{}
+	p, err := New(testConfig(), WithExec(k), WithSysctl(sc), WithBackend(BackendNFT))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, k, sc
+}
+
+func changed(names ...string) dataplane.SyncRequest {
+	m := map[objects.Key]struct{}{}
+	for _, n := range names {
+		m[objects.Key{Namespace: "ns", Name: n}] = struct{}{}
+	}
+	return dataplane.SyncRequest{Changed: m}
+}
+
+func twoServices(aEPs ...*model.Endpoint) *model.Snapshot {
+	return snapshot(
+		svc("ns", "a", "198.19.0.1", 80, withEPs(aEPs...)),
+		svc("ns", "b", "198.19.0.2", 80, withEPs(ep("198.18.65.20", 80, false))),
+	)
+}
+
+func TestFullThenPartialWritesOnlyChanges(t *testing.T) {
+	ctx := context.Background()
+	p, k, sc := newTestProxier(t)
+	if err := p.Sync(ctx, twoServices(ep("198.18.65.10", 80, false)), changed("a", "b")); err != nil {
+		t.Fatal(err)
+	}
+	if sc[sysctlRouteLocalnet] != 1 {
+		t.Errorf("route_localnet not set")
+	}
+	first := k.last()
+	for _, want := range []string{"*mangle", "-I PREROUTING 1", "KUBE-SVC-", "KUBE-SEP-"} {
+		if !strings.Contains(first, want) {
+			t.Errorf("full sync lacks %q", want)
+		}
+	}
+	// Add an endpoint to a: only a's chains and nothing of b.
+	snap := twoServices(ep("198.18.65.10", 80, false), ep("198.18.65.11", 80, false))
+	if err := p.Sync(ctx, snap, changed("a")); err != nil {
+		t.Fatal(err)
+	}
+	part := k.last()
+	a, b := chainsOf(snap.V4.Ports[0].ID), chainsOf(snap.V4.Ports[1].ID)
+	if !strings.Contains(part, ":"+a.svc) || strings.Contains(part, b.svc) || strings.Contains(part, "*filter") ||
+		strings.Contains(part, "-I ") || strings.Contains(part, ":KUBE-SERVICES ") {
+		t.Errorf("partial sync wrote more than a's chains:\n%s", part)
+	}
+	assertKernelMatches(t, k, p, snap)
+}
+
+func TestNoEndpointsTransitionsOrderFilterAndNAT(t *testing.T) {
+	ctx := context.Background()
+	p, k, _ := newTestProxier(t)
+	withEP := twoServices(ep("198.18.65.10", 80, false))
+	if err := p.Sync(ctx, withEP, changed("a", "b")); err != nil {
+		t.Fatal(err)
+	}
+	// Endpoints gone: the REJECT must come before the DNAT goes.
+	if err := p.Sync(ctx, twoServices(), changed("a")); err != nil {
+		t.Fatal(err)
+	}
+	txt := k.last()
+	if f, n := strings.Index(txt, "*filter"), strings.Index(txt, "*nat"); f < 0 || n < 0 || f > n || strings.Count(txt, "*filter") != 1 {
+		t.Errorf("removal: want filter (with REJECT) then nat:\n%s", txt)
+	}
+	// Endpoint back: the DNAT must come before the REJECT goes.
+	if err := p.Sync(ctx, withEP, changed("a")); err != nil {
+		t.Fatal(err)
+	}
+	txt = k.last()
+	if f, n := strings.Index(txt, "*filter"), strings.Index(txt, "*nat"); f < 0 || n < 0 || n > f {
+		t.Errorf("add-back: want nat then filter:\n%s", txt)
+	}
+	assertKernelMatches(t, k, p, withEP)
+}
+
+func TestFailedPartialRestoreForcesFull(t *testing.T) {
+	ctx := context.Background()
+	p, k, _ := newTestProxier(t)
+	if err := p.Sync(ctx, twoServices(ep("198.18.65.10", 80, false)), changed("a", "b")); err != nil {
+		t.Fatal(err)
+	}
+	k.failNext = true
+	snap := twoServices(ep("198.18.65.12", 80, false))
+	if err := p.Sync(ctx, snap, changed("a")); err == nil {
+		t.Fatal("want error from failed restore")
+	}
+	if err := p.Sync(ctx, snap, changed()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(k.last(), "*mangle") {
+		t.Errorf("sync after failure was not full:\n%s", k.last())
+	}
+	assertKernelMatches(t, k, p, snap)
+}
+
+func TestStaleChainsDeleted(t *testing.T) {
+	ctx := context.Background()
+	p, k, _ := newTestProxier(t)
+	old := twoServices(ep("198.18.65.10", 80, false))
+	if err := p.Sync(ctx, old, changed("a", "b")); err != nil {
+		t.Fatal(err)
+	}
+	oldSEP := endpointChain(old.V4.Ports[0].ID, old.V4.Ports[0].Endpoints[0])
+	snap := snapshot(svc("ns", "b", "198.19.0.2", 80, withEPs(ep("198.18.65.20", 80, false))))
+	if err := p.Sync(ctx, snap, changed("a")); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(k.last(), "-X "+oldSEP) || !strings.Contains(k.last(), "-X KUBE-SERVICES-01") {
+		t.Errorf("stale chains not deleted:\n%s", k.last())
+	}
+	assertKernelMatches(t, k, p, snap)
+}
+
+func TestRestartDoesNotFlushAndRemovesLeftovers(t *testing.T) {
+	ctx := context.Background()
+	p, k, _ := newTestProxier(t)
+	snap := twoServices(ep("198.18.65.10", 80, false))
+	if err := p.Sync(ctx, snap, changed("a", "b")); err != nil {
+		t.Fatal(err)
+	}
+	// A leftover of an older run.
+	_ = k.apply("4", "*nat\n:KUBE-SEP-OLDOLDOLDOLDOLD - [0:0]\nCOMMIT\n")
+	p2, _ := New(testConfig(), WithExec(k), WithSysctl(fakeSysctl{}), WithBackend(BackendNFT))
+	if err := p2.Sync(ctx, snap, dataplane.SyncRequest{Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	txt := k.last()
+	if strings.Contains(txt, "\n-F ") || strings.Contains(txt, "-X KUBE-SERVICES\n") || strings.Contains(txt, "-I PREROUTING") {
+		t.Errorf("restart flushed or duplicated jumps:\n%s", txt)
+	}
+	if !strings.Contains(txt, "-X KUBE-SEP-OLDOLDOLDOLDOLD") {
+		t.Errorf("leftover chain not removed")
+	}
+	if n := strings.Count(k.save("4", "nat"), "-j KUBE-SERVICES\n"); n != 2 {
+		t.Errorf("want 2 jumps to KUBE-SERVICES (PREROUTING, OUTPUT), got %d", n)
+	}
+	assertKernelMatches(t, k, p2, snap)
+}
+
+func TestDriftedAfterFlush(t *testing.T) {
+	ctx := context.Background()
+	p, k, _ := newTestProxier(t)
+	if d, _ := p.Drifted(ctx); d {
+		t.Fatal("drifted before first sync")
+	}
+	snap := twoServices(ep("198.18.65.10", 80, false))
+	if err := p.Sync(ctx, snap, changed("a", "b")); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := p.Drifted(ctx); d || err != nil {
+		t.Fatalf("drifted right after sync: %v %v", d, err)
+	}
+	for c := range k.table("4", "nat") { // iptables -t nat -F
+		k.tables["4"]["nat"][c] = nil
+	}
+	if d, _ := p.Drifted(ctx); !d {
+		t.Fatal("flush not detected")
+	}
+	if err := p.Sync(ctx, snap, changed()); err != nil {
+		t.Fatal(err)
+	}
+	assertKernelMatches(t, k, p, snap)
+}
+
+func TestCleanupRemovesEverything(t *testing.T) {
+	ctx := context.Background()
+	p, k, _ := newTestProxier(t)
+	if err := p.Sync(ctx, featureSnapshot(), changed()); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range []string{"nat", "filter", "mangle"} {
+		out := k.save("4", table)
+		out = strings.ReplaceAll(out, "KUBE-FIREWALL", "") // kubelet's, kept as upstream does
+		if strings.Contains(out, "KUBE-") {
+			t.Errorf("%s still has KUBE- chains:\n%s", table, out)
+		}
+	}
+}
+
+// assertKernelMatches compares the fake kernel's chains with a fresh render.
+func assertKernelMatches(t *testing.T, k *fakeKernel, p *Proxier, snap *model.Snapshot) {
+	t.Helper()
+	rs := Render(p.params(), snap.V4, snap.Node)
+	for _, table := range []string{tableMangle, tableFilter, tableNAT} {
+		kt := k.table("4", table)
+		want := map[string]bool{}
+		for _, c := range rs.table(table) {
+			want[c.Name] = true
+			if strings.Join(kt[c.Name], "\n") != strings.Join(c.Rules, "\n") {
+				t.Errorf("%s %s: kernel has\n%s\nwant\n%s", table, c.Name, strings.Join(kt[c.Name], "\n"), strings.Join(c.Rules, "\n"))
+			}
+		}
+		for name := range kt {
+			if isOwnedChain(table, name) && !want[name] {
+				t.Errorf("%s: stale chain %s left", table, name)
+			}
+		}
+	}
+}

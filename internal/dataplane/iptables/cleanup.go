@@ -1,0 +1,68 @@
+package iptables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/kproxy/kproxy/internal/model"
+)
+
+// cleanupBackend removes, in both families of backend b, every chain kproxy
+// or upstream kube-proxy (iptables mode) owns and every rule jumping to
+// one. Tables or binaries that are not there are skipped.
+func cleanupBackend(ctx context.Context, ex Exec, b Backend) error {
+	var errs []error
+	for _, fam := range []model.Family{model.IPv4, model.IPv6} {
+		var ws []*tableWrite
+		for _, table := range []string{tableMangle, tableFilter, tableNAT} {
+			out, err := ex.Run(ctx, nil, b.cmd(fam, "-save"), "-t", table)
+			if err != nil {
+				continue // no such table, module or binary: nothing to remove
+			}
+			ws = append(ws, cleanupWrite(table, parseSave(string(out))))
+		}
+		text := restoreText(ws...)
+		if text == "" {
+			continue
+		}
+		if _, err := ex.Run(ctx, []byte(text), b.cmd(fam, "-restore"), "--noflush", "--wait"); err != nil {
+			errs = append(errs, fmt.Errorf("removing %s %s rules: %w", b, fam, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// cleanupWrite deletes the owned chains of a saved table and the rules of
+// other chains that jump to them.
+func cleanupWrite(table string, saved *savedTable) *tableWrite {
+	w := &tableWrite{table: table}
+	for _, name := range saved.order {
+		if isOwnedChain(table, name) {
+			w.deletes = append(w.deletes, name)
+			continue
+		}
+		for _, r := range saved.rules[name] {
+			if isOwnedChain(table, ruleTarget(r)) {
+				w.delRules = append(w.delRules, name+" "+r)
+			}
+		}
+	}
+	return w
+}
+
+// staleChains are owned chains present in a saved table but not desired.
+func staleChains(table string, saved *savedTable, desired []*Chain) []string {
+	want := make(map[string]bool, len(desired))
+	for _, c := range desired {
+		want[c.Name] = true
+	}
+	var out []string
+	for _, name := range saved.order {
+		if isOwnedChain(table, name) && !want[name] && !strings.HasPrefix(name, "KUBE-FIREWALL") {
+			out = append(out, name)
+		}
+	}
+	return out
+}

@@ -1,0 +1,199 @@
+// Package iptables is kproxy's iptables dataplane (--proxy-mode iptables).
+// It renders a model.Snapshot into upstream kube-proxy's chain layout with a
+// pure function and applies it with iptables-restore --noflush, rewriting
+// only the chains that changed.
+package iptables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+
+	"k8s.io/klog/v2"
+
+	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/model"
+)
+
+// Proxier is the iptables Dataplane. Calls are serialised by a mutex.
+type Proxier struct {
+	cfg       dataplane.Config
+	exec      Exec
+	sysctl    Sysctl
+	localhost bool
+	backend   Backend // "" until detected
+
+	mu      sync.Mutex
+	liberal bool
+	fams    map[model.Family]*famState
+}
+
+var (
+	_ dataplane.Dataplane = (*Proxier)(nil)
+	_ dataplane.DryRunner = (*Proxier)(nil)
+)
+
+// Option customises a Proxier.
+type Option func(*Proxier)
+
+// WithExec sets how iptables programs run (default OSExec).
+func WithExec(e Exec) Option { return func(p *Proxier) { p.exec = e } }
+
+// WithSysctl sets how kernel parameters are read and written (default
+// ProcSysctl).
+func WithSysctl(s Sysctl) Option { return func(p *Proxier) { p.sysctl = s } }
+
+// WithBackend forces the iptables backend instead of detecting it.
+func WithBackend(b Backend) Option { return func(p *Proxier) { p.backend = b } }
+
+// WithLocalhostNodePorts sets iptables.localhostNodePorts (default true, as
+// upstream): NodePorts answer on 127.0.0.1 (IPv4) with route_localnet=1.
+func WithLocalhostNodePorts(on bool) Option { return func(p *Proxier) { p.localhost = on } }
+
+// New returns an iptables dataplane for cfg. It has no side effects: the
+// kernel is first touched by Sync, Drifted or Cleanup.
+func New(cfg dataplane.Config, opts ...Option) (*Proxier, error) {
+	if cfg.MasqueradeBit < 0 || cfg.MasqueradeBit > 31 {
+		return nil, fmt.Errorf("masqueradeBit %d is not in 0-31", cfg.MasqueradeBit)
+	}
+	if len(cfg.Families) == 0 {
+		cfg.Families = []model.Family{model.IPv4}
+	}
+	p := &Proxier{cfg: cfg, exec: OSExec{}, sysctl: ProcSysctl{}, localhost: true, fams: map[model.Family]*famState{}}
+	for _, o := range opts {
+		o(p)
+	}
+	return p, nil
+}
+
+// Name implements dataplane.Dataplane.
+func (p *Proxier) Name() string { return "iptables" }
+
+func (p *Proxier) params() Params {
+	return Params{Config: p.cfg, LocalhostNodePorts: p.localhost, ConntrackLiberal: p.liberal}
+}
+
+// Sync implements dataplane.Dataplane: per family, one iptables-restore run.
+func (p *Proxier) Sync(ctx context.Context, snap *model.Snapshot, req dataplane.SyncRequest) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.backend == "" {
+		p.backend = DetectBackend(ctx, p.exec)
+		klog.FromContext(ctx).Info("Using iptables backend", "backend", p.backend)
+		if err := cleanupBackend(ctx, p.exec, p.backend.other()); err != nil {
+			klog.FromContext(ctx).Error(err, "Could not remove rules from the other iptables backend", "backend", p.backend.other())
+		}
+	}
+	var errs []error
+	for _, f := range p.cfg.Families {
+		st := p.fams[f]
+		if st == nil {
+			st = &famState{fam: f}
+			p.fams[f] = st
+		}
+		full := req.Full || req.NodeChanged || !st.valid
+		var err error
+		if full {
+			err = p.fullSync(ctx, st, snap)
+		} else {
+			err = p.partialSync(ctx, st, snap, req.Changed)
+		}
+		if err != nil {
+			st.valid = false // the next sync is full
+			errs = append(errs, fmt.Errorf("%s iptables sync (full=%v): %w", f, full, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// prepareSysctls sets route_localnet when localhost NodePorts are on and
+// reads nf_conntrack_tcp_be_liberal; done before each full sync.
+func (p *Proxier) prepareSysctls(ctx context.Context) error {
+	if LocalhostNodePortsActive(p.params()) && hasFamily(p.cfg.Families, model.IPv4) {
+		if v, err := p.sysctl.Get(sysctlRouteLocalnet); err != nil || v != 1 {
+			klog.FromContext(ctx).Info("Setting route_localnet=1 for NodePorts on localhost")
+			if err := p.sysctl.Set(sysctlRouteLocalnet, 1); err != nil {
+				return fmt.Errorf("setting %s: %w", sysctlRouteLocalnet, err)
+			}
+		}
+	}
+	v, err := p.sysctl.Get(sysctlTCPBeLiberal)
+	p.liberal = err == nil && v != 0
+	return nil
+}
+
+func hasFamily(fs []model.Family, f model.Family) bool {
+	for _, x := range fs {
+		if x == f {
+			return true
+		}
+	}
+	return false
+}
+
+// Drifted implements dataplane.Dataplane: the KUBE-PROXY-CANARY chain of
+// mangle, nat and filter must exist and still hold its rule, which any
+// flush of the table removes.
+func (p *Proxier) Drifted(ctx context.Context) (bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, f := range p.cfg.Families {
+		st := p.fams[f]
+		if st == nil || !st.valid {
+			continue
+		}
+		for _, table := range []string{tableMangle, tableNAT, tableFilter} {
+			out, err := p.exec.Run(ctx, nil, p.backend.cmd(f, ""), "-w", "-t", table, "-S", chainCanary)
+			if err != nil || !strings.Contains(string(out), "kproxy canary") {
+				klog.FromContext(ctx).Info("iptables canary gone; the next full sync repairs the rules", "family", f, "table", table)
+				st.valid = false
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+// Cleanup implements dataplane.Dataplane: it removes kproxy's and upstream
+// kube-proxy's iptables chains and jumps in both backends and families.
+func (p *Proxier) Cleanup(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.fams = map[model.Family]*famState{}
+	return errors.Join(cleanupBackend(ctx, p.exec, BackendNFT), cleanupBackend(ctx, p.exec, BackendLegacy))
+}
+
+// Render implements dataplane.DryRunner: the iptables-restore input that
+// creates every family's rules from scratch, one block per family.
+func (p *Proxier) Render(w io.Writer, snap *model.Snapshot) error {
+	for _, f := range p.cfg.Families {
+		rs := Render(p.params(), snap.Family(f), snap.Node)
+		if _, err := fmt.Fprintf(w, "# %s (%s)\n%s", f, tool(f), RestoreText(rs)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func tool(f model.Family) string {
+	if f == model.IPv6 {
+		return "ip6tables-restore --noflush"
+	}
+	return "iptables-restore --noflush"
+}
+
+// RestoreText is the iptables-restore --noflush input creating rs.
+func RestoreText(rs *Ruleset) string {
+	ws := []*tableWrite{{table: tableMangle, chains: rs.Mangle}, {table: tableFilter, chains: rs.Filter}, {table: tableNAT, chains: rs.NAT}}
+	for _, j := range rs.Jumps {
+		for _, w := range ws {
+			if w.table == j.Table {
+				w.inserts = append(w.inserts, j)
+			}
+		}
+	}
+	return restoreText(ws...)
+}

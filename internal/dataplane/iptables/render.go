@@ -1,0 +1,322 @@
+package iptables
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/model"
+)
+
+// Chain is one chain kproxy owns and its rules; each rule is the text that
+// follows "-A <Name> " in iptables-restore input.
+type Chain struct {
+	Name  string
+	Rules []string
+}
+
+// Jump is a rule kproxy inserts (at the top) into a built-in chain.
+type Jump struct {
+	Table, Chain string
+	// Rule is the rule text after "-I <Chain> 1 "; it ends in "-j <target>".
+	Rule   string
+	Target string
+}
+
+// Ruleset is the desired state of one family: kproxy's chains per table, in
+// the order they are written, and the jumps from the built-in chains.
+type Ruleset struct {
+	Family model.Family
+	Mangle []*Chain
+	Filter []*Chain
+	NAT    []*Chain
+	Jumps  []Jump
+}
+
+// Tables returns the table names and chains of the ruleset in restore order.
+func (rs *Ruleset) table(name string) []*Chain {
+	switch name {
+	case tableMangle:
+		return rs.Mangle
+	case tableFilter:
+		return rs.Filter
+	}
+	return rs.NAT
+}
+
+// Params are the inputs of a render beyond the Snapshot.
+type Params struct {
+	Config dataplane.Config
+	// LocalhostNodePorts is iptables.localhostNodePorts (IPv4 only). It is
+	// ignored when nodePortAddresses exclude 127.0.0.1, as upstream does.
+	LocalhostNodePorts bool
+	// ConntrackLiberal is true when nf_conntrack_tcp_be_liberal is set: no
+	// rule then drops conntrack-INVALID packets.
+	ConntrackLiberal bool
+}
+
+// renderer holds what every rule of one family needs.
+type renderer struct {
+	fam         model.Family
+	masqMark    string
+	masqAll     bool
+	ifLocal     string // match for traffic from local pods; "" when unknown
+	ifNotLocal  string
+	nodeIP      netip.Addr
+	localhostNP bool // NodePorts answer on 127.0.0.0/8 (IPv4 only)
+	liberal     bool
+	npAll       bool           // NodePorts on every local address
+	npCIDRs     []netip.Prefix // else on local addresses in these
+	large       bool           // omit per-endpoint comments, as upstream does past 1000 endpoints
+}
+
+// largeClusterEndpoints is the endpoint count past which per-endpoint
+// comments are left out (upstream's threshold).
+const largeClusterEndpoints = 1000
+
+func newRenderer(p Params, fs *model.FamilySnapshot, node model.NodeInfo) *renderer {
+	cfg := p.Config
+	r := &renderer{fam: fs.Family, masqAll: cfg.MasqueradeAll, liberal: p.ConntrackLiberal}
+	r.masqMark = fmt.Sprintf("%#08x", uint32(1)<<uint(cfg.MasqueradeBit&31))
+	r.ifLocal, r.ifNotLocal = localMatch(cfg, fs.Family, node)
+	for _, ip := range cfg.NodeIPs {
+		if model.FamilyOf(ip) == fs.Family && !r.nodeIP.IsValid() {
+			r.nodeIP = ip.Unmap()
+		}
+	}
+	r.npAll, r.npCIDRs = nodePortCIDRs(cfg, fs.Family)
+	r.localhostNP = p.LocalhostNodePorts && fs.Family == model.IPv4 && allowsLoopback(r.npAll, r.npCIDRs)
+	r.large = countEndpoints(fs) > largeClusterEndpoints
+	return r
+}
+
+func countEndpoints(fs *model.FamilySnapshot) int {
+	n := 0
+	for _, sp := range fs.Ports {
+		n += len(sp.AllReachable)
+	}
+	return n
+}
+
+// LocalhostNodePortsActive reports whether NodePorts answer on 127.0.0.1
+// for cfg (route_localnet must then be 1).
+func LocalhostNodePortsActive(p Params) bool {
+	all, cidrs := nodePortCIDRs(p.Config, model.IPv4)
+	return p.LocalhostNodePorts && allowsLoopback(all, cidrs)
+}
+
+func allowsLoopback(all bool, cidrs []netip.Prefix) bool {
+	if all {
+		return true
+	}
+	for _, c := range cidrs {
+		if c.Contains(netip.MustParseAddr("127.0.0.1")) {
+			return true
+		}
+	}
+	return false
+}
+
+// localMatch returns the iptables matches for traffic from, and not from,
+// local pods; both empty when the mode cannot tell.
+func localMatch(cfg dataplane.Config, fam model.Family, node model.NodeInfo) (string, string) {
+	byCIDR := func(cidrs []netip.Prefix) (string, string) {
+		for _, c := range cidrs {
+			if model.FamilyOf(c.Addr()) == fam {
+				return "-s " + c.Masked().String(), "! -s " + c.Masked().String()
+			}
+		}
+		return "", ""
+	}
+	switch cfg.LocalMode {
+	case dataplane.LocalClusterCIDR:
+		return byCIDR(cfg.ClusterCIDRs)
+	case dataplane.LocalNodeCIDR:
+		return byCIDR(node.PodCIDRs)
+	case dataplane.LocalBridgeInterface:
+		if cfg.BridgeInterface != "" {
+			return "-i " + cfg.BridgeInterface, "! -i " + cfg.BridgeInterface
+		}
+	case dataplane.LocalInterfacePrefix:
+		if cfg.InterfacePrefix != "" {
+			return "-i " + cfg.InterfacePrefix + "+", "! -i " + cfg.InterfacePrefix + "+"
+		}
+	}
+	return "", ""
+}
+
+// nodePortCIDRs interprets nodePortAddresses for one family. The daemon has
+// already replaced "primary" by node-IP CIDRs; empty (or a /0) means every
+// local address.
+func nodePortCIDRs(cfg dataplane.Config, fam model.Family) (bool, []netip.Prefix) {
+	if len(cfg.NodePortAddresses) == 0 {
+		return true, nil
+	}
+	var cidrs []netip.Prefix
+	for _, s := range cfg.NodePortAddresses {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			if a, aerr := netip.ParseAddr(strings.TrimSpace(s)); aerr == nil {
+				p = netip.PrefixFrom(a, a.BitLen())
+			} else {
+				continue
+			}
+		}
+		if model.FamilyOf(p.Addr()) != fam {
+			continue
+		}
+		if p.Bits() == 0 {
+			return true, nil
+		}
+		cidrs = append(cidrs, p.Masked())
+	}
+	return false, cidrs
+}
+
+// Render returns the complete desired ruleset of one family. It is pure.
+func Render(p Params, fs *model.FamilySnapshot, node model.NodeInfo) *Ruleset {
+	r := newRenderer(p, fs, node)
+	ports := make(map[model.PortID]*portRules, len(fs.Ports))
+	for _, sp := range fs.Ports {
+		ports[sp.ID] = r.port(sp)
+	}
+	return r.assemble(fs.Ports, ports)
+}
+
+// assemble builds the ruleset from rendered ports, in port order.
+func (r *renderer) assemble(order []*model.ServicePort, ports map[model.PortID]*portRules) *Ruleset {
+	rs := &Ruleset{Family: r.fam, Jumps: r.jumps()}
+	rs.Mangle = []*Chain{canaryChain()}
+	rs.Filter, rs.NAT = r.sharedChains(order, ports)
+	for _, sp := range order {
+		rs.NAT = append(rs.NAT, ports[sp.ID].nat...)
+	}
+	return rs
+}
+
+// sharedChains are the chains every Service port adds rules to, plus the
+// fixed ones, in both tables.
+func (r *renderer) sharedChains(order []*model.ServicePort, ports map[model.PortID]*portRules) (filter, nat []*Chain) {
+	lin := map[string]*Chain{}
+	for _, name := range []string{chainServices, chainExternalServices, chainForward, chainNodePorts, chainProxyFirewall} {
+		lin[name] = &Chain{Name: name}
+	}
+	d := newDispatcher(r.fam)
+	for _, sp := range order {
+		for _, e := range ports[sp.ID].entries {
+			if e.table == tableFilter {
+				lin[e.chain].Rules = append(lin[e.chain].Rules, e.rule)
+			} else {
+				d.add(e)
+			}
+		}
+	}
+	lin[chainForward].Rules = r.forwardRules()
+	filter = []*Chain{lin[chainServices], lin[chainExternalServices], lin[chainForward], lin[chainNodePorts], lin[chainProxyFirewall]}
+	if r.localhostNP {
+		filter = append(filter, r.martianChain())
+	}
+	filter = append(filter, canaryChain())
+	nat = d.chains(r.nodePortsJumps())
+	nat = append(nat, r.postroutingChain(), r.markMasqChain(), canaryChain())
+	return filter, nat
+}
+
+// canaryRule is the rule of every KUBE-PROXY-CANARY chain: a flush of the
+// table removes it, which Drifted notices.
+const canaryRule = `-m comment --comment "kproxy canary" -j RETURN`
+
+func canaryChain() *Chain { return &Chain{Name: chainCanary, Rules: []string{canaryRule}} }
+
+func (r *renderer) postroutingChain() *Chain {
+	return &Chain{Name: chainPostrouting, Rules: []string{
+		"-m mark ! --mark " + r.masqMark + "/" + r.masqMark + " -j RETURN",
+		"-j MARK --xor-mark " + r.masqMark,
+		`-m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully`,
+	}}
+}
+
+func (r *renderer) markMasqChain() *Chain {
+	return &Chain{Name: chainMarkMasq, Rules: []string{"-j MARK --or-mark " + r.masqMark}}
+}
+
+// martianChain is kubelet's KUBE-FIREWALL rule against localnet packets
+// from other hosts (CVE-2020-8558), needed once route_localnet is 1.
+func (r *renderer) martianChain() *Chain {
+	return &Chain{Name: chainKubeletFirewall, Rules: []string{
+		`-d 127.0.0.0/8 ! -s 127.0.0.0/8 -m comment --comment "block incoming localnet connections" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP`,
+	}}
+}
+
+func (r *renderer) forwardRules() []string {
+	var rules []string
+	if !r.liberal {
+		rules = append(rules, "-m conntrack --ctstate INVALID -j DROP")
+	}
+	return append(rules,
+		`-m comment --comment "kubernetes forwarding rules" -m mark --mark `+r.masqMark+"/"+r.masqMark+" -j ACCEPT",
+		`-m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT`,
+	)
+}
+
+// nodePortsJumps are the last rules of nat KUBE-SERVICES: local
+// destinations go on to KUBE-NODEPORTS.
+func (r *renderer) nodePortsJumps() []string {
+	const c = `-m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" `
+	if r.npAll {
+		dst := "-m addrtype --dst-type LOCAL "
+		if r.fam == model.IPv6 {
+			dst += "! -d ::1/128 "
+		} else if !r.localhostNP {
+			dst += "! -d 127.0.0.0/8 "
+		}
+		return []string{c + dst + "-j " + chainNodePorts}
+	}
+	var rules []string
+	for _, cidr := range r.npCIDRs {
+		if cidr.Addr().IsLoopback() && (r.fam == model.IPv6 || !r.localhostNP) {
+			continue
+		}
+		rules = append(rules, c+"-d "+cidr.String()+" -m addrtype --dst-type LOCAL -j "+chainNodePorts)
+	}
+	return rules
+}
+
+// jumps are the rules from built-in chains into kproxy's chains, as
+// upstream installs them.
+func (r *renderer) jumps() []Jump {
+	const newOnly = "-m conntrack --ctstate NEW "
+	j := func(table, chain, extra, comment, target string) Jump {
+		return Jump{Table: table, Chain: chain, Target: target,
+			Rule: extra + `-m comment --comment "` + comment + `" -j ` + target}
+	}
+	js := []Jump{
+		j(tableFilter, "INPUT", newOnly, "kubernetes externally-visible service portals", chainExternalServices),
+		j(tableFilter, "FORWARD", newOnly, "kubernetes externally-visible service portals", chainExternalServices),
+		j(tableFilter, "INPUT", "", "kubernetes health check service ports", chainNodePorts),
+		j(tableFilter, "FORWARD", newOnly, "kubernetes service portals", chainServices),
+		j(tableFilter, "OUTPUT", newOnly, "kubernetes service portals", chainServices),
+		j(tableFilter, "FORWARD", "", "kubernetes forwarding rules", chainForward),
+		j(tableFilter, "INPUT", newOnly, "kubernetes load balancer firewall", chainProxyFirewall),
+		j(tableFilter, "OUTPUT", newOnly, "kubernetes load balancer firewall", chainProxyFirewall),
+		j(tableFilter, "FORWARD", newOnly, "kubernetes load balancer firewall", chainProxyFirewall),
+		j(tableNAT, "OUTPUT", "", "kubernetes service portals", chainServices),
+		j(tableNAT, "PREROUTING", "", "kubernetes service portals", chainServices),
+		j(tableNAT, "POSTROUTING", "", "kubernetes postrouting rules", chainPostrouting),
+	}
+	if r.localhostNP {
+		for _, c := range []string{"INPUT", "OUTPUT"} {
+			js = append(js, Jump{Table: tableFilter, Chain: c, Rule: "-j " + chainKubeletFirewall, Target: chainKubeletFirewall})
+		}
+	}
+	return js
+}
+
+// comment is a comment match; text with spaces is quoted.
+func comment(text string) string {
+	if strings.ContainsAny(text, " \t") {
+		return `-m comment --comment "` + text + `"`
+	}
+	return "-m comment --comment " + text
+}

@@ -1,0 +1,182 @@
+package iptables
+
+import (
+	"strings"
+)
+
+// tableWrite is one table's section of iptables-restore --noflush input.
+type tableWrite struct {
+	table string
+	// chains are created if missing, flushed and refilled.
+	chains []*Chain
+	// delRules are rules ("<chain> <rule>") deleted before anything else.
+	delRules []string
+	// inserts are jump rules inserted at the top of built-in chains.
+	inserts []Jump
+	// deletes are chains flushed and deleted.
+	deletes []string
+}
+
+func (w *tableWrite) empty() bool {
+	return w == nil || len(w.chains)+len(w.delRules)+len(w.inserts)+len(w.deletes) == 0
+}
+
+// write appends the section to b: chain declarations first (which flush),
+// then rules, then jumps, then deletions, so that a chain is empty and
+// unreferenced when it is deleted.
+func (w *tableWrite) write(b *strings.Builder) {
+	if w.empty() {
+		return
+	}
+	b.WriteString("*" + w.table + "\n")
+	for _, r := range w.delRules {
+		b.WriteString("-D " + r + "\n")
+	}
+	for _, c := range w.chains {
+		b.WriteString(":" + c.Name + " - [0:0]\n")
+	}
+	for _, name := range w.deletes {
+		b.WriteString(":" + name + " - [0:0]\n")
+	}
+	for _, c := range w.chains {
+		for _, r := range c.Rules {
+			b.WriteString("-A " + c.Name)
+			if r != "" {
+				b.WriteString(" " + r)
+			}
+			b.WriteByte('\n')
+		}
+	}
+	// Insert in reverse so that the jumps end up in list order at the top.
+	for i := len(w.inserts) - 1; i >= 0; i-- {
+		j := w.inserts[i]
+		b.WriteString("-I " + j.Chain + " 1 " + j.Rule + "\n")
+	}
+	for _, name := range w.deletes {
+		b.WriteString("-X " + name + "\n")
+	}
+	b.WriteString("COMMIT\n")
+}
+
+// restoreText joins sections in order.
+func restoreText(ws ...*tableWrite) string {
+	var b strings.Builder
+	b.Grow(sizeOf(ws))
+	for _, w := range ws {
+		w.write(&b)
+	}
+	return b.String()
+}
+
+// sizeOf estimates the text size so that the builder never regrows (at 10k
+// Services the text is tens of megabytes).
+func sizeOf(ws []*tableWrite) int {
+	n := 0
+	for _, w := range ws {
+		if w == nil {
+			continue
+		}
+		for _, c := range w.chains {
+			n += 2 * (len(c.Name) + 10)
+			for _, r := range c.Rules {
+				n += len(c.Name) + len(r) + 5
+			}
+		}
+		for _, j := range w.inserts {
+			n += len(j.Chain) + len(j.Rule) + 8
+		}
+		for _, r := range w.delRules {
+			n += len(r) + 4
+		}
+		n += 40 * (len(w.deletes) + 1)
+	}
+	return n
+}
+
+// savedTable is what iptables-save printed for one table.
+type savedTable struct {
+	chains map[string]bool
+	// rules per chain, each the text after "-A <chain> ".
+	rules map[string][]string
+	order []string
+}
+
+// parseSave reads iptables-save output of one table.
+func parseSave(out string) *savedTable {
+	st := &savedTable{chains: map[string]bool{}, rules: map[string][]string{}}
+	for _, line := range strings.Split(out, "\n") {
+		switch {
+		case strings.HasPrefix(line, ":"):
+			name, _, _ := strings.Cut(line[1:], " ")
+			st.chains[name] = true
+			st.order = append(st.order, name)
+		case strings.HasPrefix(line, "-A "):
+			name, rule, _ := strings.Cut(line[3:], " ")
+			st.rules[name] = append(st.rules[name], rule)
+		}
+	}
+	return st
+}
+
+// ruleTarget returns the -j or -g target of a rule.
+func ruleTarget(rule string) string {
+	toks := splitArgs(rule)
+	for i := 0; i+1 < len(toks); i++ {
+		if toks[i] == "-j" || toks[i] == "-g" || toks[i] == "--jump" || toks[i] == "--goto" {
+			return toks[i+1]
+		}
+	}
+	return ""
+}
+
+// splitArgs splits a rule into arguments, honouring double quotes.
+func splitArgs(s string) []string {
+	var out []string
+	var cur strings.Builder
+	inQ, has := false, false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"':
+			inQ, has = !inQ, true
+		case c == '\\' && inQ && i+1 < len(s):
+			i++
+			cur.WriteByte(s[i])
+		case (c == ' ' || c == '\t') && !inQ:
+			if has {
+				out = append(out, cur.String())
+				cur.Reset()
+				has = false
+			}
+		default:
+			cur.WriteByte(c)
+			has = true
+		}
+	}
+	if has {
+		out = append(out, cur.String())
+	}
+	return out
+}
+
+// hasJump reports whether a built-in chain already holds jump j (same
+// target and comment; iptables-save may reorder or normalise the rest).
+func hasJump(saved *savedTable, j Jump) bool {
+	want := commentOf(j.Rule)
+	for _, r := range saved.rules[j.Chain] {
+		if ruleTarget(r) == j.Target && commentOf(r) == want {
+			return true
+		}
+	}
+	return false
+}
+
+func commentOf(rule string) string {
+	toks := splitArgs(rule)
+	for i := 0; i+1 < len(toks); i++ {
+		if toks[i] == "--comment" {
+			return toks[i+1]
+		}
+	}
+	return ""
+}

@@ -1,0 +1,543 @@
+package nftables
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/knftables"
+
+	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/objects"
+)
+
+// staleDelay is how long an unreferenced chain is kept before it is deleted:
+// kernels before 6.2 release a chain's references from deleted map elements
+// only some time after the transaction.
+const staleDelay = time.Second
+
+// elemRef is one desired element of a shared set or map and how many
+// service ports want it.
+type elemRef struct {
+	e element
+	n int
+}
+
+// famState is what the backend knows about one family's table: the desired
+// state it last applied and what it believes the kernel holds.
+type famState struct {
+	fam  model.Family
+	kern kernel
+	// valid is false until the kernel was read (or after a failed apply);
+	// the next sync is then full and re-reads the kernel.
+	valid bool
+	// distrust makes the next full sync rewrite every chain, not only the
+	// missing ones (after drift: chains may have been flushed).
+	distrust bool
+
+	r     *renderer
+	slots *slotAlloc // endpoints-map blocks, kept across syncs
+	cur   *desired
+	seen  map[model.PortID]*model.ServicePort
+	// bySvc indexes the ports in seen by Service.
+	bySvc map[objects.Key][]model.PortID
+
+	// want is the refcounted union of the ports' elements, per set.
+	want map[string]map[string]*elemRef
+	// kChains, kSets, kElems mirror the kernel's port chains, port sets and
+	// shared-set elements (key -> value).
+	kChains map[string]bool
+	kSets   map[string]bool
+	kElems  map[string]map[string]string
+	stale   map[string]time.Time // port chains and sets to delete
+	now     time.Time            // start of the current sync
+}
+
+// sharedSets are the sets and maps whose elements come from service ports.
+var sharedSets = func() []*set {
+	var out []*set
+	for _, s := range (&renderer{addrType: "ipv4_addr", ipX: "ip"}).fixedSets() {
+		if s.Name != setNodePortIPs {
+			out = append(out, s)
+		}
+	}
+	return out
+}()
+
+// isMapName reports whether a shared set is a map.
+func isMapName(name string) bool {
+	return strings.HasPrefix(name, mapEndpoints) || (name != setClusterIPs && name != setHairpin && name != setNodePortIPs)
+}
+
+func newFamState(fam model.Family, k kernel) *famState {
+	return &famState{fam: fam, kern: k, stale: map[string]time.Time{}}
+}
+
+// txn accumulates the operations of one transaction in the order the kernel
+// needs them: objects before the rules and elements that refer to them.
+type txn struct {
+	head, sets, chains, rules, dels, adds []op
+}
+
+func (t *txn) ops() []op {
+	var all []op
+	for _, part := range [][]op{t.head, t.sets, t.chains, t.rules, t.dels, t.adds} {
+		all = append(all, part...)
+	}
+	return all
+}
+
+func (t *txn) addChain(c *chain, flush bool) {
+	t.chains = append(t.chains, op{opAdd, c.object()})
+	if flush {
+		t.chains = append(t.chains, op{opFlush, &knftables.Chain{Name: c.Name}})
+	}
+	for _, r := range c.Rules {
+		t.rules = append(t.rules, op{opAdd, &knftables.Rule{Chain: c.Name, Rule: r}})
+	}
+}
+
+// sync makes the kernel match fs. full re-renders everything; otherwise only
+// ports whose ServicePort changed (by pointer) or whose Service is in changed.
+func (st *famState) sync(ctx context.Context, cfg dataplane.Config, fs *model.FamilySnapshot, node model.NodeInfo, req dataplane.SyncRequest, now time.Time) error {
+	logger := klog.FromContext(ctx)
+	st.now = now
+	st.deleteStale(ctx)
+	full := req.Full || req.NodeChanged || !st.valid || st.cur == nil
+	var t txn
+	var err error
+	if full {
+		err = st.prepareFull(ctx, cfg, fs, node, &t)
+	} else {
+		st.prepareIncremental(fs, req, &t)
+	}
+	if err == nil {
+		ops := t.ops()
+		logger.V(4).Info("Applying nftables changes", "family", st.fam, "full", full, "operations", len(ops))
+		err = st.kern.Apply(ctx, ops)
+	}
+	if err != nil {
+		st.valid = false
+		return fmt.Errorf("syncing %s nftables table: %w", st.fam, err)
+	}
+	st.commit(&t)
+	return nil
+}
+
+// prepareFull reads the kernel when needed and diffs the whole desired
+// state against it.
+func (st *famState) prepareFull(ctx context.Context, cfg dataplane.Config, fs *model.FamilySnapshot, node model.NodeInfo, t *txn) error {
+	if !st.valid || st.distrust {
+		if err := st.readKernel(ctx); err != nil {
+			return err
+		}
+	}
+	st.r = newRenderer(cfg, fs.Family, node)
+	if st.slots == nil {
+		st.slots = newSlotAlloc()
+	}
+	st.r.slots = st.slots
+	d := st.r.fixed()
+	st.seen = make(map[model.PortID]*model.ServicePort, len(fs.Ports))
+	st.bySvc = map[objects.Key][]model.PortID{}
+	for _, sp := range fs.Ports {
+		d.Ports[sp.ID] = st.r.port(sp)
+		st.seen[sp.ID] = sp
+		st.bySvc[sp.ID.Service()] = append(st.bySvc[sp.ID.Service()], sp.ID)
+	}
+	st.cur = d
+	st.fullOps(d, t)
+	return nil
+}
+
+// fullOps writes the fixed objects, then every port object the kernel
+// lacks, then the element difference; unwanted port objects become stale.
+func (st *famState) fullOps(d *desired, t *txn) {
+	t.head = append(t.head, op{opAdd, &knftables.Table{Comment: knftables.PtrTo("kproxy service proxy rules")}})
+	for _, s := range d.Sets {
+		t.sets = append(t.sets, op{opAdd, s.object()})
+	}
+	for _, c := range d.Chains {
+		t.addChain(c, true)
+	}
+	t.sets = append(t.sets, op{opFlush, &knftables.Set{Name: setNodePortIPs}})
+	for _, e := range d.Elems {
+		t.adds = append(t.adds, op{opAdd, e.object(false)})
+	}
+	wantChains, wantSets := map[string]bool{}, map[string]bool{}
+	st.want = map[string]map[string]*elemRef{}
+	for _, id := range sortedIDs(d.Ports) {
+		ps := d.Ports[id]
+		for _, c := range ps.Chains {
+			if !wantChains[c.Name] {
+				wantChains[c.Name] = true
+				st.ensureChain(c, t, st.distrust)
+			}
+		}
+		for _, s := range ps.Sets {
+			if !wantSets[s.Name] {
+				wantSets[s.Name] = true
+				st.ensureSet(s, t)
+			}
+		}
+		st.addWant(ps.Elems)
+	}
+	st.markStale(st.kChains, wantChains)
+	st.markStale(st.kSets, wantSets)
+	for _, s := range sharedSets {
+		st.diffElems(s.Name, nil, t)
+	}
+}
+
+func (st *famState) markStale(have, want map[string]bool) {
+	for name := range have {
+		if !want[name] {
+			if _, ok := st.stale[name]; !ok {
+				st.stale[name] = st.now
+			}
+		}
+	}
+}
+
+// ensureChain adds a port chain the kernel lacks (or, with rewrite, rewrites
+// it); a chain waiting for deletion is simply kept.
+func (st *famState) ensureChain(c *chain, t *txn, rewrite bool) {
+	delete(st.stale, c.Name)
+	if st.kChains[c.Name] && !rewrite {
+		return
+	}
+	t.addChain(c, st.kChains[c.Name])
+}
+
+func (st *famState) ensureSet(s *set, t *txn) {
+	delete(st.stale, s.Name)
+	if !st.kSets[s.Name] {
+		t.sets = append(t.sets, op{opAdd, s.object()})
+	}
+}
+
+func (st *famState) addWant(elems []element) {
+	for _, e := range elems {
+		m := st.want[e.Set]
+		if m == nil {
+			m = map[string]*elemRef{}
+			st.want[e.Set] = m
+		}
+		k := e.key()
+		if r := m[k]; r != nil {
+			r.n++
+			r.e = e
+		} else {
+			m[k] = &elemRef{e: e, n: 1}
+		}
+	}
+}
+
+func (st *famState) dropWant(elems []element) {
+	for _, e := range elems {
+		k := e.key()
+		if r := st.want[e.Set][k]; r != nil {
+			if r.n--; r.n <= 0 {
+				delete(st.want[e.Set], k)
+			}
+		}
+	}
+}
+
+// diffElems emits the element changes of one shared set: for the given keys
+// only, or for every key when keys is nil.
+func (st *famState) diffElems(name string, keys map[string]bool, t *txn) {
+	want, have := st.want[name], st.kElems[name]
+	isMap := isMapName(name)
+	check := func(k string) {
+		w, h := want[k], have[k]
+		_, present := have[k]
+		switch {
+		case w == nil && present:
+			t.dels = append(t.dels, op{opDelete, element{Set: name, Key: strings.Split(k, " . ")}.object(isMap)})
+		case w != nil && !present:
+			t.adds = append(t.adds, op{opAdd, w.e.object(isMap)})
+		case w != nil && h != w.e.value():
+			t.dels = append(t.dels, op{opDelete, element{Set: name, Key: w.e.Key}.object(isMap)})
+			t.adds = append(t.adds, op{opAdd, w.e.object(isMap)})
+		}
+	}
+	if keys == nil {
+		keys = make(map[string]bool, len(want)+len(have))
+		for k := range have {
+			keys[k] = true
+		}
+		for k := range want {
+			keys[k] = true
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
+		check(k)
+	}
+}
+
+func sortedIDs(m map[model.PortID]*portState) []model.PortID {
+	ids := slices.Collect(maps.Keys(m))
+	slices.SortFunc(ids, func(a, b model.PortID) int {
+		if a.Less(b) {
+			return -1
+		}
+		if b.Less(a) {
+			return 1
+		}
+		return 0
+	})
+	return ids
+}
+
+// commit records a successful transaction in the kernel mirror.
+func (st *famState) commit(t *txn) {
+	st.valid, st.distrust = true, false
+	for _, o := range append(append([]op{}, t.sets...), t.chains...) {
+		switch obj := o.obj.(type) {
+		case *knftables.Chain:
+			if isPortObject(obj.Name) {
+				st.kChains[obj.Name] = true
+			}
+		case *knftables.Set:
+			if o.verb == opAdd && isPortObject(obj.Name) {
+				st.kSets[obj.Name] = true
+			}
+		}
+	}
+	for _, o := range t.dels {
+		e := o.obj.(*knftables.Element)
+		delete(st.kElems[e.Set+e.Map], strings.Join(e.Key, " . "))
+	}
+	for _, o := range t.adds {
+		e := o.obj.(*knftables.Element)
+		name := e.Set + e.Map
+		if name == setNodePortIPs {
+			continue
+		}
+		if st.kElems[name] == nil {
+			st.kElems[name] = map[string]string{}
+		}
+		st.kElems[name][strings.Join(e.Key, " . ")] = strings.Join(e.Value, " ")
+	}
+}
+
+// prepareIncremental re-renders only the changed ports and diffs each
+// against what it rendered before.
+func (st *famState) prepareIncremental(fs *model.FamilySnapshot, req dataplane.SyncRequest, t *txn) {
+	touched := map[string]map[string]bool{}
+	for _, id := range st.changedPorts(fs, req) {
+		old := st.cur.Ports[id]
+		var next *portState
+		svc := id.Service()
+		if sp := fs.ByID[id]; sp != nil {
+			next = st.r.port(sp)
+			if st.seen[id] == nil {
+				st.bySvc[svc] = append(st.bySvc[svc], id)
+			}
+			st.seen[id], st.cur.Ports[id] = sp, next
+		} else {
+			delete(st.seen, id)
+			delete(st.cur.Ports, id)
+			st.bySvc[svc] = slices.DeleteFunc(st.bySvc[svc], func(o model.PortID) bool { return o == id })
+			if len(st.bySvc[svc]) == 0 {
+				delete(st.bySvc, svc)
+			}
+		}
+		st.diffPort(old, next, t, touched)
+	}
+	for name, keys := range touched {
+		st.diffElems(name, keys, t)
+	}
+}
+
+// changedPorts lists the ports to re-render. With req.Changed set, only the
+// ports (present or gone) of the Services it names; without it, every port
+// that is new, gone, or a different ServicePort value than last time.
+func (st *famState) changedPorts(fs *model.FamilySnapshot, req dataplane.SyncRequest) []model.PortID {
+	if req.Changed != nil {
+		return st.portsOf(fs, req.Changed)
+	}
+	var ids []model.PortID
+	common := 0
+	for _, sp := range fs.Ports {
+		old, ok := st.seen[sp.ID]
+		if ok {
+			common++
+		}
+		if !ok || old != sp {
+			ids = append(ids, sp.ID)
+		}
+	}
+	if common < len(st.seen) {
+		for id := range st.seen {
+			if fs.ByID[id] == nil {
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids
+}
+
+// portsOf returns the ports of the named Services in fs (found by binary
+// search, Ports being sorted) and those kproxy last programmed for them.
+func (st *famState) portsOf(fs *model.FamilySnapshot, svcs map[objects.Key]struct{}) []model.PortID {
+	var ids []model.PortID
+	for key := range svcs {
+		i, _ := slices.BinarySearchFunc(fs.Ports, key, func(sp *model.ServicePort, k objects.Key) int {
+			return cmp.Or(strings.Compare(sp.ID.Namespace, k.Namespace), strings.Compare(sp.ID.Name, k.Name))
+		})
+		for ; i < len(fs.Ports) && fs.Ports[i].ID.Service() == key; i++ {
+			ids = append(ids, fs.Ports[i].ID)
+		}
+		for _, id := range st.bySvc[key] {
+			if fs.ByID[id] == nil {
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids
+}
+
+// diffPort emits what changes from one rendering of a port to the next
+// (either may be nil) and notes the shared-set keys it touches.
+func (st *famState) diffPort(old, next *portState, t *txn, touched map[string]map[string]bool) {
+	keep := map[string]bool{}
+	if next != nil {
+		for _, s := range next.Sets {
+			keep[s.Name] = true
+			st.ensureSet(s, t)
+		}
+		for _, c := range next.Chains {
+			keep[c.Name] = true
+			st.ensureChain(c, t, false)
+		}
+	}
+	for _, ps := range []*portState{old, next} {
+		if ps == nil {
+			continue
+		}
+		for _, e := range ps.Elems {
+			if touched[e.Set] == nil {
+				touched[e.Set] = map[string]bool{}
+			}
+			touched[e.Set][e.key()] = true
+		}
+	}
+	if old == nil {
+		st.addWant(next.Elems)
+		return
+	}
+	for _, key := range old.Blocks {
+		if next == nil || !slices.Contains(next.Blocks, key) {
+			st.slots.release(key)
+		}
+	}
+	st.dropWant(old.Elems)
+	if next != nil {
+		st.addWant(next.Elems)
+	}
+	for _, c := range old.Chains {
+		if !keep[c.Name] && st.kChains[c.Name] {
+			st.stale[c.Name] = st.now
+		}
+	}
+	for _, s := range old.Sets {
+		if !keep[s.Name] && st.kSets[s.Name] {
+			st.stale[s.Name] = st.now
+		}
+	}
+}
+
+// readKernel rebuilds the kernel mirror from the table as it is: port chain
+// and set names (their content is in their names) and the elements of the
+// shared sets and maps. An absent table reads as empty.
+func (st *famState) readKernel(ctx context.Context) error {
+	st.kChains, st.kSets, st.kElems = map[string]bool{}, map[string]bool{}, map[string]map[string]string{}
+	st.stale = map[string]time.Time{}
+	st.slots = newSlotAlloc()
+	defer st.slots.compact()
+	present := map[string]bool{}
+	for _, typ := range []string{"chain", "set", "map"} {
+		names, err := st.kern.List(ctx, typ)
+		if err != nil {
+			return fmt.Errorf("listing %ss: %w", typ, err)
+		}
+		for _, n := range names {
+			switch {
+			case !isPortObject(n):
+				present[n] = true
+			case typ == "chain":
+				st.kChains[n] = true
+				if key, b, ok := parseBlockName(n); ok {
+					st.slots.reserve(key, b)
+				}
+			default:
+				st.kSets[n] = true
+			}
+		}
+	}
+	for _, s := range newRenderer(dataplane.Config{}, st.fam, model.NodeInfo{}).fixedSets() {
+		if present[s.Name] && s.Name != setNodePortIPs {
+			if err := st.readElems(ctx, s); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (st *famState) readElems(ctx context.Context, s *set) error {
+	elems, err := st.kern.ListElements(ctx, s)
+	if err != nil {
+		return fmt.Errorf("listing elements of %s: %w", s.Name, err)
+	}
+	m := make(map[string]string, len(elems))
+	for _, e := range elems {
+		m[strings.Join(e.Key, " . ")] = strings.Join(e.Value, " ")
+	}
+	st.kElems[s.Name] = m
+	return nil
+}
+
+// deleteStale deletes, in a transaction of its own, port chains and sets
+// that have been unreferenced for staleDelay. A failure only makes the next
+// sync full (which re-reads the kernel and finds leftovers again).
+func (st *famState) deleteStale(ctx context.Context) {
+	var chains, sets []op
+	for name, since := range st.stale {
+		if st.now.Sub(since) < staleDelay {
+			continue
+		}
+		delete(st.stale, name)
+		if st.kChains[name] {
+			delete(st.kChains, name)
+			chains = append(chains, op{opDelete, &knftables.Chain{Name: name}})
+		} else if st.kSets[name] {
+			delete(st.kSets, name)
+			sets = append(sets, op{opDelete, &knftables.Set{Name: name}})
+		}
+	}
+	// Chains that refer to others (ext-, fw-) go before the ones they
+	// refer to (svc-, loc-); sets after every chain.
+	slices.SortFunc(chains, func(a, b op) int {
+		return chainRank(a.obj.(*knftables.Chain).Name) - chainRank(b.obj.(*knftables.Chain).Name)
+	})
+	if err := st.kern.Apply(ctx, append(chains, sets...)); err != nil {
+		klog.FromContext(ctx).Error(err, "Deleting stale nftables objects failed; the next sync re-reads the table", "family", st.fam)
+		st.valid = false
+	}
+}
+
+func chainRank(name string) int {
+	if strings.HasPrefix(name, "ext-") || strings.HasPrefix(name, "fw-") {
+		return 0
+	}
+	return 1
+}

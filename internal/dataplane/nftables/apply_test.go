@@ -1,0 +1,339 @@
+package nftables
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/knftables"
+
+	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/objects"
+)
+
+// fakeKernel is one knftables.Fake per family, shared by Proxiers to model
+// a kernel that outlives a restart.
+type fakeKernel struct {
+	fakes map[string]*knftables.Fake
+}
+
+func newFakeKernel() *fakeKernel {
+	return &fakeKernel{fakes: map[string]*knftables.Fake{}}
+}
+
+func (k *fakeKernel) open(f knftables.Family, table string) (knftables.Interface, error) {
+	key := string(f) + " " + table
+	if k.fakes[key] == nil {
+		k.fakes[key] = knftables.NewFake(f, table)
+	}
+	return k.fakes[key], nil
+}
+
+func (k *fakeKernel) fake(f model.Family) *knftables.Fake {
+	fk, _ := k.open(nftFamily(f), DefaultTableName)
+	return fk.(*knftables.Fake)
+}
+
+func (k *fakeKernel) lastTx(f model.Family) string {
+	fk := k.fake(f)
+	fk.RLock()
+	defer fk.RUnlock()
+	if fk.LastTransaction == nil {
+		return ""
+	}
+	return fk.LastTransaction.String()
+}
+
+func (k *fakeKernel) run(t *testing.T, f model.Family, do func(tx *knftables.Transaction)) {
+	t.Helper()
+	tx := k.fake(f).NewTransaction()
+	do(tx)
+	if err := k.fake(f).Run(context.Background(), tx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// wantDump is what a fresh table loaded from the rendered text dumps as,
+// rendered with (a copy of) the endpoint-map blocks slots holds.
+func wantDump(t *testing.T, cfg dataplane.Config, snap *model.Snapshot, f model.Family, slots *slotAlloc) string {
+	t.Helper()
+	fresh := knftables.NewFake(nftFamily(f), DefaultTableName)
+	r := newRenderer(cfg, f, snap.Node)
+	if slots != nil {
+		r.slots = &slotAlloc{next: slots.next, free: maps.Clone(slots.free), owner: maps.Clone(slots.owner)}
+	}
+	d := r.fixed()
+	for _, sp := range snap.Family(f).Ports {
+		d.Ports[sp.ID] = r.port(sp)
+	}
+	if err := fresh.ParseDump(renderText(d, DefaultTableName)); err != nil {
+		t.Fatal(err)
+	}
+	return fresh.Dump()
+}
+
+type applyEnv struct {
+	t     *testing.T
+	cfg   dataplane.Config
+	k     *fakeKernel
+	clock *clocktesting.FakeClock
+	p     *Proxier
+}
+
+func newApplyEnv(t *testing.T) *applyEnv {
+	e := &applyEnv{t: t, cfg: testConfig(), k: newFakeKernel(), clock: clocktesting.NewFakeClock(time.Unix(1000, 0))}
+	e.cfg.Families = []model.Family{model.IPv4, model.IPv6}
+	e.restart()
+	return e
+}
+
+// restart replaces the Proxier, keeping the kernel.
+func (e *applyEnv) restart() {
+	p, err := New(e.cfg, WithNFT(e.k.open), WithClock(e.clock))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.p = p
+}
+
+func (e *applyEnv) sync(snap *model.Snapshot, req dataplane.SyncRequest) {
+	e.t.Helper()
+	if err := e.p.Sync(context.Background(), snap, req); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// checkKernel asserts that every family's table is exactly the rendering
+// of snap.
+func (e *applyEnv) checkKernel(snap *model.Snapshot) {
+	e.t.Helper()
+	for _, f := range e.cfg.Families {
+		if got, want := sortedLines(e.k.fake(f).Dump()), sortedLines(wantDump(e.t, e.cfg, snap, f, e.p.fams[f].slots)); got != want {
+			e.t.Fatalf("%s table differs from the rendering:\n--- got\n%s\n--- want\n%s", f, got, want)
+		}
+	}
+}
+
+// sortedLines ignores the order of elements, which the fake keeps as added.
+func sortedLines(s string) string {
+	lines := strings.Split(s, "\n")
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
+}
+
+func TestApplyFirstSyncMatchesRender(t *testing.T) {
+	e := newApplyEnv(t)
+	snap := featureSnapshot()
+	e.sync(snap, dataplane.SyncRequest{Full: true})
+	e.checkKernel(snap)
+}
+
+func TestApplyIncrementalSendsOnlyChanges(t *testing.T) {
+	e := newApplyEnv(t)
+	snap := featureSnapshot()
+	e.sync(snap, dataplane.SyncRequest{Full: true})
+
+	// One Service gets a new endpoint: a new pointer for its port only.
+	next := featureSnapshot()
+	for _, fs := range []*model.FamilySnapshot{next.V4, next.V6} {
+		for i, sp := range fs.Ports {
+			if old := snap.Family(fs.Family).ByID[sp.ID]; old != nil && sp.ID.Name != "cluster" {
+				fs.Ports[i], fs.ByID[sp.ID] = old, old
+			}
+		}
+	}
+	cl := svc("ns", "cluster", "198.19.0.10", 80, withEPs(ep("198.18.65.10", 8080, false), ep("198.18.65.11", 8080, false), ep("198.18.65.12", 8080, false)))
+	for i, sp := range next.V4.Ports {
+		if sp.ID == cl.ID {
+			next.V4.Ports[i], next.V4.ByID[cl.ID] = cl, cl
+		}
+	}
+	e.sync(next, dataplane.SyncRequest{Changed: nil})
+	tx := e.k.lastTx(model.IPv4)
+	if n := strings.Count(tx, "\n"); n > 8 {
+		t.Errorf("incremental transaction has %d operations, want a handful:\n%s", n, tx)
+	}
+	// Same endpoint count: only elements of the endpoints map change.
+	for _, want := range []string{"delete element ip kproxy endpoints", "add element ip kproxy endpoints", "198.18.65.12 . 8080"} {
+		if !strings.Contains(tx, want) {
+			t.Errorf("transaction lacks %q:\n%s", want, tx)
+		}
+	}
+	if strings.Contains(tx, "etplocal") || strings.Contains(tx, "add table") || strings.Contains(tx, "chain") {
+		t.Errorf("transaction touches more than the changed Service:\n%s", tx)
+	}
+	// The old chain is deleted once it has been unreferenced long enough.
+	e.clock.Step(2 * time.Second)
+	e.sync(next, dataplane.SyncRequest{})
+	e.checkKernel(next)
+
+	// A different endpoint count needs a new chain (new modulus).
+	two := svc("ns", "cluster", "198.19.0.10", 80, withEPs(ep("198.18.65.10", 8080, false), ep("198.18.65.11", 8080, false)))
+	for i, sp := range next.V4.Ports {
+		if sp.ID == two.ID {
+			next.V4.Ports[i], next.V4.ByID[two.ID] = two, two
+		}
+	}
+	e.sync(next, dataplane.SyncRequest{Changed: map[objects.Key]struct{}{two.ID.Service(): {}}})
+	if tx := e.k.lastTx(model.IPv4); !strings.Contains(tx, "numgen random mod 2") {
+		t.Errorf("endpoint count change did not write a new chain:\n%s", tx)
+	}
+	e.clock.Step(2 * time.Second)
+	e.sync(next, dataplane.SyncRequest{Changed: map[objects.Key]struct{}{}})
+	e.checkKernel(next)
+
+	// A Service removed, then a no-op sync sends nothing.
+	gone := snapshot(next.V4.Ports[1:]...)
+	gone.V6 = next.V6
+	e.sync(gone, dataplane.SyncRequest{})
+	e.clock.Step(2 * time.Second)
+	before := e.k.lastTx(model.IPv4)
+	e.sync(gone, dataplane.SyncRequest{})
+	e.checkKernel(gone)
+	e.sync(gone, dataplane.SyncRequest{})
+	if after := e.k.lastTx(model.IPv4); after != before && !strings.HasPrefix(after, "delete chain") {
+		t.Errorf("no-op sync sent a transaction:\n%s", after)
+	}
+}
+
+func TestApplyRestartReusesTable(t *testing.T) {
+	e := newApplyEnv(t)
+	snap := featureSnapshot()
+	e.sync(snap, dataplane.SyncRequest{Full: true})
+	e.restart()
+	e.sync(snap, dataplane.SyncRequest{Full: true})
+	tx := e.k.lastTx(model.IPv4)
+	if strings.Contains(tx, "svc-") || strings.Contains(tx, "add element ip kproxy service-ips") || strings.Contains(tx, "delete") {
+		t.Errorf("restart rewrote Service state instead of reusing it:\n%s", tx)
+	}
+	e.checkKernel(snap)
+}
+
+func TestApplyRestartRemovesLeftovers(t *testing.T) {
+	e := newApplyEnv(t)
+	e.sync(featureSnapshot(), dataplane.SyncRequest{Full: true})
+	e.restart()
+	small := snapshot(svc("ns", "one", "198.19.0.30", 80, withEPs(ep("198.18.65.10", 8080, false))))
+	e.sync(small, dataplane.SyncRequest{Full: true})
+	e.clock.Step(2 * time.Second)
+	e.sync(small, dataplane.SyncRequest{})
+	e.checkKernel(small)
+}
+
+func TestApplyDriftRepair(t *testing.T) {
+	snap := featureSnapshot()
+	flushTargets := map[string]bool{}
+	breakages := map[string]func(tx *knftables.Transaction){
+		"table deleted":      func(tx *knftables.Transaction) { tx.Delete(&knftables.Table{}) },
+		"base chain deleted": func(tx *knftables.Transaction) { tx.Delete(&knftables.Chain{Name: chainNATPrerouting}) },
+		"services flushed":   func(tx *knftables.Transaction) { tx.Flush(&knftables.Chain{Name: chainServices}) },
+		"table flushed": func(tx *knftables.Transaction) {
+			for _, bc := range baseChains {
+				tx.Flush(&knftables.Chain{Name: bc.name})
+			}
+			tx.Flush(&knftables.Chain{Name: chainServices})
+			for name := range flushTargets {
+				tx.Flush(&knftables.Chain{Name: name})
+			}
+		},
+	}
+	for name, breakIt := range breakages {
+		t.Run(name, func(t *testing.T) {
+			e := newApplyEnv(t)
+			e.sync(snap, dataplane.SyncRequest{Full: true})
+			names, _ := e.k.fake(model.IPv4).List(context.Background(), "chain")
+			for _, n := range names {
+				flushTargets[n] = isPortObject(n)
+			}
+			if d, err := e.p.Drifted(context.Background()); err != nil || d {
+				t.Fatalf("Drifted before any change = %v, %v", d, err)
+			}
+			e.k.run(t, model.IPv4, breakIt)
+			d, err := e.p.Drifted(context.Background())
+			if err != nil || !d {
+				t.Fatalf("Drifted after %s = %v, %v; want true", name, d, err)
+			}
+			e.sync(snap, dataplane.SyncRequest{Full: true})
+			e.checkKernel(snap)
+			if d, _ := e.p.Drifted(context.Background()); d {
+				t.Fatal("still drifted after the repair")
+			}
+		})
+	}
+}
+
+// failingNFT fails every transaction while fail is set.
+type failingNFT struct {
+	knftables.Interface
+	fail bool
+}
+
+func (f *failingNFT) Run(ctx context.Context, tx *knftables.Transaction) error {
+	if f.fail {
+		return failErr{}
+	}
+	return f.Interface.Run(ctx, tx)
+}
+
+type failErr struct{}
+
+func (failErr) Error() string { return "injected failure" }
+
+func TestApplyFailureForcesFullResync(t *testing.T) {
+	fake := knftables.NewFake(knftables.IPv4Family, DefaultTableName)
+	f := &failingNFT{Interface: fake}
+	p, _ := New(testConfig(), WithNFT(func(knftables.Family, string) (knftables.Interface, error) { return f, nil }))
+	snap := featureSnapshot()
+	if err := p.Sync(context.Background(), snap, dataplane.SyncRequest{Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	f.fail = true
+	next := snapshot(svc("ns", "one", "198.19.0.30", 80, withEPs(ep("198.18.65.10", 8080, false))))
+	if err := p.Sync(context.Background(), next, dataplane.SyncRequest{}); err == nil {
+		t.Fatal("Sync succeeded despite the failing kernel")
+	}
+	f.fail = false
+	if err := p.Sync(context.Background(), next, dataplane.SyncRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(fake.LastTransaction.String(), "add table") {
+		t.Error("the sync after a failure was not a full one")
+	}
+}
+
+func TestCleanupRemovesTables(t *testing.T) {
+	e := newApplyEnv(t)
+	e.sync(featureSnapshot(), dataplane.SyncRequest{Full: true})
+	if err := e.p.Cleanup(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range e.cfg.Families {
+		if dump := e.k.fake(f).Dump(); dump != "" {
+			t.Errorf("%s table left after Cleanup:\n%s", f, dump)
+		}
+	}
+	if err := e.p.Cleanup(context.Background()); err != nil {
+		t.Errorf("second Cleanup: %v", err)
+	}
+}
+
+func TestSyncRemovesUpstreamTables(t *testing.T) {
+	e := newApplyEnv(t)
+	up, _ := e.k.open(knftables.IPv4Family, upstreamTable)
+	tx := up.NewTransaction()
+	tx.Add(&knftables.Table{})
+	tx.Add(&knftables.Chain{Name: "nat-prerouting"})
+	if err := up.Run(context.Background(), tx); err != nil {
+		t.Fatal(err)
+	}
+	e.sync(featureSnapshot(), dataplane.SyncRequest{Full: true})
+	if dump := up.(*knftables.Fake).Dump(); dump != "" {
+		t.Errorf("upstream table left after the first sync:\n%s", dump)
+	}
+	e.checkKernel(featureSnapshot())
+}

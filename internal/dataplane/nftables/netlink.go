@@ -1,0 +1,162 @@
+package nftables
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	gnftables "github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"sigs.k8s.io/knftables"
+
+	"github.com/kproxy/kproxy/internal/model"
+)
+
+// netlinkReader reads elements and rule counts over netlink. The nft CLI
+// fetches its cache of the whole table for any listing (seconds at 10k
+// Services); a netlink dump of one set or one chain costs milliseconds.
+// Each call opens its socket in the calling thread's network namespace.
+type netlinkReader struct {
+	table *gnftables.Table
+}
+
+func newNetlinkReader(f model.Family, table string) *netlinkReader {
+	fam := gnftables.TableFamilyIPv4
+	if f == model.IPv6 {
+		fam = gnftables.TableFamilyIPv6
+	}
+	return &netlinkReader{table: &gnftables.Table{Name: table, Family: fam}}
+}
+
+// ruleCount returns the number of rules in chain.
+func (n *netlinkReader) ruleCount(chain string) (int, error) {
+	conn, err := gnftables.New()
+	if err != nil {
+		return 0, err
+	}
+	rules, err := conn.GetRules(n.table, &gnftables.Chain{Name: chain, Table: n.table})
+	return len(rules), err
+}
+
+// missingChain asks for each chain by name (the table may hold tens of
+// thousands of chains; listing them all costs 100+ ms).
+func (n *netlinkReader) missingChain(names []string) (string, error) {
+	conn, err := gnftables.New()
+	if err != nil {
+		return "", err
+	}
+	for _, name := range names {
+		if _, err := conn.ListChain(n.table, name); err != nil {
+			if isNotFound(err) {
+				return name, nil
+			}
+			return "", err
+		}
+	}
+	return "", nil
+}
+
+// elements returns the elements of s, with keys and verdicts formatted as
+// render formats them.
+func (n *netlinkReader) elements(s *set) ([]*knftables.Element, error) {
+	conn, err := gnftables.New()
+	if err != nil {
+		return nil, err
+	}
+	raw, err := conn.GetSetElements(&gnftables.Set{Table: n.table, Name: s.Name, IsMap: s.IsMap})
+	if err != nil {
+		return nil, err
+	}
+	fields, dataFields := s.fields()
+	out := make([]*knftables.Element, 0, len(raw))
+	for _, r := range raw {
+		key, err := decodeKey(fields, r.Key)
+		if err != nil {
+			return nil, fmt.Errorf("element of %s: %w", s.Name, err)
+		}
+		e := &knftables.Element{Key: key}
+		if len(dataFields) > 0 && dataFields[0] != "verdict" {
+			if e.Value, err = decodeKey(dataFields, r.Val); err != nil {
+				return nil, fmt.Errorf("element of %s: %w", s.Name, err)
+			}
+		} else if s.IsMap {
+			v, err := decodeVerdict(r.Val)
+			if err != nil {
+				return nil, fmt.Errorf("element of %s: %w", s.Name, err)
+			}
+			e.Value = []string{v}
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// decodeKey splits a concatenated key: each field takes its size rounded up
+// to 4 bytes (one netfilter register).
+func decodeKey(fields []string, b []byte) ([]string, error) {
+	var out []string
+	for _, f := range fields {
+		size := map[string]int{"ipv4_addr": 4, "ipv6_addr": 16, "inet_proto": 1, "inet_service": 2, "numgen": 4}[f]
+		if size == 0 || len(b) < size {
+			return nil, fmt.Errorf("cannot decode %s from %d bytes", f, len(b))
+		}
+		out = append(out, formatField(f, b[:size]))
+		b = b[min((size+3)&^3, len(b)):]
+	}
+	return out, nil
+}
+
+func formatField(f string, b []byte) string {
+	switch f {
+	case "ipv4_addr":
+		return netip.AddrFrom4([4]byte(b)).String()
+	case "ipv6_addr":
+		return netip.AddrFrom16([16]byte(b)).String()
+	case "numgen":
+		return strconv.FormatUint(uint64(binary.NativeEndian.Uint32(b)), 10)
+	case "inet_proto":
+		if name, ok := map[byte]string{6: "tcp", 17: "udp", 132: "sctp"}[b[0]]; ok {
+			return name
+		}
+		return strconv.Itoa(int(b[0]))
+	}
+	return strconv.Itoa(int(binary.BigEndian.Uint16(b)))
+}
+
+// decodeVerdict reads the netlink attributes of a verdict (code, chain) as
+// google/nftables leaves them in SetElement.Val for verdict maps.
+func decodeVerdict(b []byte) (string, error) {
+	const attrCode, attrChain = 1, 2
+	var code int32
+	var chain string
+	for len(b) >= 4 {
+		l := int(binary.NativeEndian.Uint16(b))
+		typ := binary.NativeEndian.Uint16(b[2:]) & 0x3fff
+		if l < 4 || l > len(b) {
+			return "", fmt.Errorf("bad verdict attribute length %d", l)
+		}
+		data := b[4:l]
+		switch {
+		case typ == attrCode && len(data) >= 4:
+			code = int32(binary.BigEndian.Uint32(data))
+		case typ == attrChain:
+			chain = strings.TrimRight(string(data), "\x00")
+		}
+		b = b[min((l+3)&^3, len(b)):]
+	}
+	switch expr.VerdictKind(code) {
+	case expr.VerdictGoto:
+		return "goto " + chain, nil
+	case expr.VerdictJump:
+		return "jump " + chain, nil
+	case expr.VerdictDrop:
+		return "drop", nil
+	case expr.VerdictAccept:
+		return "accept", nil
+	case expr.VerdictReturn:
+		return "return", nil
+	}
+	return fmt.Sprintf("verdict(%d)", code), nil
+}

@@ -1,0 +1,350 @@
+package nftables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/model"
+)
+
+// requireRoot skips without root, except in CI where it fails.
+func requireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("privileged test needs root (CI=true: not skipping)")
+	}
+	t.Skip("skipping privileged test: needs root to create network namespaces")
+}
+
+// testNet is a node namespace with a pod namespace (behind veth, pod CIDR
+// 198.18.64.0/24) and a client namespace (198.18.200.0/24), all addresses in
+// 198.18.0.0/15 and no default routes.
+type testNet struct {
+	t                 testing.TB
+	node, pod, client string
+}
+
+func run(t testing.TB, args ...string) {
+	t.Helper()
+	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+func newTestNet(t testing.TB) *testNet {
+	requireRoot(t)
+	id := fmt.Sprintf("kpxnft-%d-%d", os.Getpid(), time.Now().UnixNano()%100000)
+	n := &testNet{t: t, node: id + "-node", pod: id + "-pod", client: id + "-cli"}
+	for _, ns := range []string{n.node, n.pod, n.client} {
+		run(t, "ip", "netns", "add", ns)
+		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+		run(t, "ip", "-n", ns, "link", "set", "lo", "up")
+	}
+	link := func(a, aIf, aIP, b, bIf, bIP string) {
+		run(t, "ip", "-n", a, "link", "add", aIf, "type", "veth", "peer", "name", bIf, "netns", b)
+		run(t, "ip", "-n", a, "addr", "add", aIP, "dev", aIf)
+		run(t, "ip", "-n", b, "addr", "add", bIP, "dev", bIf)
+		run(t, "ip", "-n", a, "link", "set", aIf, "up")
+		run(t, "ip", "-n", b, "link", "set", bIf, "up")
+	}
+	link(n.node, "vpod", "198.18.64.1/24", n.pod, "eth0", "198.18.64.10/24")
+	link(n.node, "vcli", "198.18.200.1/24", n.client, "eth0", "198.18.200.5/24")
+	run(t, "ip", "netns", "exec", n.node, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv4.icmp_ratelimit=0")
+	run(t, "ip", "-n", n.pod, "route", "add", "198.18.200.0/24", "via", "198.18.64.1")
+	run(t, "ip", "-n", n.client, "route", "add", "198.19.0.0/16", "via", "198.18.200.1")
+	// Service IPs need a route on the node (a real node has a default
+	// route) so that undispatched packets reach the forward hook.
+	run(t, "ip", "-n", n.node, "route", "add", "198.19.0.0/16", "dev", "vpod")
+	return n
+}
+
+// in runs fn with the calling goroutine's thread inside namespace ns; child
+// processes (nft) and sockets made by fn live there.
+func (n *testNet) in(ns string, fn func()) {
+	n.t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer orig.Close()
+	target, err := netns.GetFromName(ns)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer target.Close()
+	if err := netns.Set(target); err != nil {
+		n.t.Fatal(err)
+	}
+	defer func() {
+		if err := netns.Set(orig); err != nil {
+			panic(fmt.Sprintf("cannot return to the original network namespace: %v", err))
+		}
+	}()
+	fn()
+}
+
+// serve answers every connection to addr (in the pod namespace) with reply.
+func (n *testNet) serve(addr, reply string) {
+	var ln net.Listener
+	n.in(n.pod, func() {
+		var err error
+		if ln, err = net.Listen("tcp", addr); err != nil {
+			n.t.Fatal(err)
+		}
+	})
+	n.t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = io.WriteString(c, reply)
+			c.Close()
+		}
+	}()
+}
+
+// get connects from the client namespace and returns what the server says.
+func (n *testNet) get(addr string) (string, error) {
+	var c net.Conn
+	var err error
+	n.in(n.client, func() { c, err = net.DialTimeout("tcp", addr, 2*time.Second) })
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	b, err := io.ReadAll(c)
+	return string(b), err
+}
+
+func (n *testNet) sync(p *Proxier, snap *model.Snapshot, req dataplane.SyncRequest) {
+	n.t.Helper()
+	var err error
+	n.in(n.node, func() { err = p.Sync(context.Background(), snap, req) })
+	if err != nil {
+		n.t.Fatal(err)
+	}
+}
+
+func privConfig() dataplane.Config {
+	return dataplane.Config{Families: []model.Family{model.IPv4}, MasqueradeBit: 14,
+		LocalMode: dataplane.LocalClusterCIDR, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.64.0/18")}}
+}
+
+func TestPrivilegedClusterIPTraffic(t *testing.T) {
+	n := newTestNet(t)
+	n.serve("198.18.64.10:8080", "pod-8080")
+	n.serve("198.18.64.10:8081", "pod-8081")
+	svcOn := func(port uint16) *model.Snapshot {
+		return snapshot(svc("ns", "web", "198.19.0.10", 80, withEPs(ep("198.18.64.10", port, true))))
+	}
+	expect := func(step, want string) {
+		t.Helper()
+		got, err := n.get("198.19.0.10:80")
+		if err != nil || got != want {
+			t.Fatalf("%s: got %q, %v; want %q", step, got, err, want)
+		}
+	}
+	run(t, "ip", "netns", "exec", n.node, "nft", "add", "table", "ip", upstreamTable)
+	p, _ := New(privConfig())
+	n.sync(p, svcOn(8080), dataplane.SyncRequest{Full: true})
+	expect("first sync", "pod-8080")
+	if out, _ := exec.Command("ip", "netns", "exec", n.node, "nft", "list", "tables").CombinedOutput(); strings.Contains(string(out), upstreamTable) {
+		t.Errorf("upstream kube-proxy table left after the first sync: %s", out)
+	}
+
+	n.sync(p, svcOn(8081), dataplane.SyncRequest{})
+	expect("endpoint change", "pod-8081")
+
+	// A restarted proxy reads the table and needs no element changes.
+	p2, _ := New(privConfig())
+	n.sync(p2, svcOn(8081), dataplane.SyncRequest{Full: true})
+	expect("restart", "pod-8081")
+	st := p2.fams[model.IPv4]
+	want := st.want
+	n.in(n.node, func() {
+		if err := st.readKernel(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+	for name, elems := range want {
+		for k, ref := range elems {
+			if got, ok := st.kElems[name][k]; !ok || got != ref.e.value() {
+				t.Errorf("kernel element %s %q reads back as %q (present %v), rendered %q", name, k, got, ok, ref.e.value())
+			}
+		}
+	}
+
+	// Someone flushes the table: Drifted notices, a full sync repairs it.
+	run(t, "ip", "netns", "exec", n.node, "nft", "flush", "table", "ip", DefaultTableName)
+	var drifted bool
+	var err error
+	n.in(n.node, func() { drifted, err = p2.Drifted(context.Background()) })
+	if err != nil || !drifted {
+		t.Fatalf("Drifted after flush = %v, %v", drifted, err)
+	}
+	n.sync(p2, svcOn(8081), dataplane.SyncRequest{Full: true})
+	expect("repair", "pod-8081")
+
+	// Someone deletes the table: the same.
+	run(t, "ip", "netns", "exec", n.node, "nft", "delete", "table", "ip", DefaultTableName)
+	n.in(n.node, func() { drifted, err = p2.Drifted(context.Background()) })
+	if err != nil || !drifted {
+		t.Fatalf("Drifted after table deletion = %v, %v", drifted, err)
+	}
+	n.sync(p2, svcOn(8081), dataplane.SyncRequest{Full: true})
+	expect("repair after deletion", "pod-8081")
+	n.in(n.node, func() { drifted, err = p2.Drifted(context.Background()) })
+	if err != nil || drifted {
+		t.Fatalf("Drifted after repair = %v, %v", drifted, err)
+	}
+
+	// Without endpoints the ClusterIP rejects at once.
+	n.sync(p2, snapshot(svc("ns", "web", "198.19.0.10", 80)), dataplane.SyncRequest{})
+	start := time.Now()
+	_, err = n.get("198.19.0.10:80")
+	if !errors.Is(err, syscall.ECONNREFUSED) || time.Since(start) > time.Second {
+		t.Fatalf("no endpoints: got %v after %v, want a fast connection refused", err, time.Since(start))
+	}
+
+	n.in(n.node, func() { err = p2.Cleanup(context.Background()) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := exec.Command("ip", "netns", "exec", n.node, "nft", "list", "tables").CombinedOutput()
+	if strings.Contains(string(out), DefaultTableName) {
+		t.Fatalf("tables left after Cleanup: %s", out)
+	}
+}
+
+// TestPrivilegedFeatureTables loads every feature in both families into a
+// real kernel and checks that a restarted proxy reads back exactly what was
+// rendered (so a restart sends no element changes).
+func TestPrivilegedFeatureTables(t *testing.T) {
+	n := newTestNet(t)
+	cfg := testConfig()
+	cfg.Families = []model.Family{model.IPv4, model.IPv6}
+	snap := featureSnapshot()
+	p, _ := New(cfg)
+	n.sync(p, snap, dataplane.SyncRequest{Full: true})
+	p2, _ := New(cfg)
+	n.sync(p2, snap, dataplane.SyncRequest{Full: true})
+	for _, f := range cfg.Families {
+		st := p2.fams[f]
+		want := st.want
+		n.in(n.node, func() {
+			if err := st.readKernel(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		})
+		count := 0
+		for name, elems := range want {
+			for k, ref := range elems {
+				count++
+				if got, ok := st.kElems[name][k]; !ok || got != ref.e.value() {
+					t.Errorf("%s: element %s %q reads back as %q (present %v), rendered %q", f, name, k, got, ok, ref.e.value())
+				}
+			}
+		}
+		if count < 4 {
+			t.Errorf("%s: only %d elements rendered", f, count)
+		}
+		var drifted bool
+		var err error
+		n.in(n.node, func() { drifted, err = p2.Drifted(context.Background()) })
+		if err != nil || drifted {
+			t.Errorf("Drifted on an intact table = %v, %v", drifted, err)
+		}
+	}
+}
+
+// TestPrivilegedNetlinkEqualsCLI programs the same Services once through
+// incremental syncs (netlink batches) and once through a full sync (nft
+// CLI) and requires nft to list identical chains.
+func TestPrivilegedNetlinkEqualsCLI(t *testing.T) {
+	bridge := testConfig()
+	bridge.LocalMode, bridge.BridgeInterface = dataplane.LocalBridgeInterface, "cbr0"
+	prefix := testConfig()
+	prefix.LocalMode, prefix.InterfacePrefix = dataplane.LocalInterfacePrefix, "veth"
+	dual := testConfig()
+	dual.Families = []model.Family{model.IPv4, model.IPv6}
+	for name, cfg := range map[string]dataplane.Config{"cluster-cidr": dual, "bridge": bridge, "prefix": prefix} {
+		t.Run(name, func(t *testing.T) {
+			var ports []*model.ServicePort
+			for _, fs := range []*model.FamilySnapshot{featureSnapshot().V4, featureSnapshot().V6} {
+				for _, sp := range fs.Ports {
+					if sp.AffinityTimeout == 0 && len(sp.SourceRanges) == 0 {
+						ports = append(ports, sp)
+					}
+				}
+			}
+			snap := snapshot(ports...)
+			viaNetlink, viaCLI := newTestNet(t), newTestNet(t)
+			p1, _ := New(cfg)
+			viaNetlink.sync(p1, snapshot(), dataplane.SyncRequest{Full: true})
+			viaNetlink.sync(p1, snap, dataplane.SyncRequest{})
+			for _, f := range cfg.Families {
+				if p1.fams[f].kern.(*knftKernel).netlinkBatches == 0 {
+					t.Fatalf("%s: the incremental sync did not go through netlink", f)
+				}
+			}
+			p2, _ := New(cfg)
+			viaCLI.sync(p2, snap, dataplane.SyncRequest{Full: true})
+			for _, fam := range []string{"ip", "ip6"} {
+				a, b := listChains(t, viaNetlink.node, fam), listChains(t, viaCLI.node, fam)
+				if len(a) < 200 && fam == "ip" {
+					t.Errorf("suspiciously short chain listing: %q", a)
+				}
+				t.Logf("%s: %d lines compared", fam, strings.Count(a, "\n"))
+				if a != b {
+					t.Errorf("%s chains differ:\n--- netlink\n%s\n--- CLI\n%s", fam, a, b)
+				}
+			}
+		})
+	}
+}
+
+// listChains returns the chains of a kproxy table as nft lists them.
+func listChains(t *testing.T, ns, fam string) string {
+	out, err := exec.Command("ip", "netns", "exec", ns, "nft", "list", "table", fam, DefaultTableName).CombinedOutput()
+	if err != nil {
+		return "" // no table of this family
+	}
+	var keep []string
+	inChain := false
+	for _, l := range strings.Split(string(out), "\n") {
+		l = strings.TrimSpace(l)
+		switch {
+		case strings.HasPrefix(l, "chain "):
+			inChain = true
+		case inChain && l == "}":
+			inChain = false
+		}
+		if inChain {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
+}

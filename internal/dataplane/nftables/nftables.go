@@ -1,0 +1,247 @@
+// Package nftables is kproxy's default dataplane: it renders a model.Snapshot
+// into one nftables table per IP family and keeps the kernel in step with it
+// by sending only the difference, in one transaction per family.
+package nftables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/knftables"
+
+	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/model"
+)
+
+// DefaultTableName is the table kproxy programs when Config.TableName is empty.
+const DefaultTableName = "kproxy"
+
+// upstreamTable is upstream kube-proxy's nftables table, removed by Cleanup.
+const upstreamTable = "kube-proxy"
+
+// Proxier is the nftables Dataplane. It is safe for use by one runner
+// goroutine at a time (calls are serialised by a mutex).
+type Proxier struct {
+	cfg   dataplane.Config
+	table string
+	nft   NFTFactory
+	// netlink reads elements and rules over netlink (real kernel only).
+	netlink bool
+	clock   clock.PassiveClock
+
+	mu   sync.Mutex
+	fams map[model.Family]*famState
+	// upstreamGone is set once upstream kube-proxy's tables were removed.
+	upstreamGone bool
+}
+
+var (
+	_ dataplane.Dataplane = (*Proxier)(nil)
+	_ dataplane.DryRunner = (*Proxier)(nil)
+)
+
+// Option customises a Proxier.
+type Option func(*Proxier)
+
+// WithNFT replaces how the knftables interface of a table is opened
+// (default: knftables.New, which uses the nft binary). Tests pass a function
+// returning knftables.NewFake.
+func WithNFT(f NFTFactory) Option { return func(p *Proxier) { p.nft, p.netlink = f, false } }
+
+// WithClock sets the clock used to age stale chains (default: real clock).
+func WithClock(c clock.PassiveClock) Option { return func(p *Proxier) { p.clock = c } }
+
+// New returns an nftables dataplane for cfg. It has no side effects: the
+// kernel is first touched by Sync, Drifted or Cleanup.
+func New(cfg dataplane.Config, opts ...Option) (*Proxier, error) {
+	if cfg.MasqueradeBit < 0 || cfg.MasqueradeBit > 31 {
+		return nil, fmt.Errorf("masqueradeBit %d is not in 0-31", cfg.MasqueradeBit)
+	}
+	p := &Proxier{cfg: cfg, table: cfg.TableName, nft: defaultNFT, netlink: true, clock: clock.RealClock{}, fams: map[model.Family]*famState{}}
+	if p.table == "" {
+		p.table = DefaultTableName
+	}
+	if len(p.cfg.Families) == 0 {
+		p.cfg.Families = []model.Family{model.IPv4}
+	}
+	for _, o := range opts {
+		o(p)
+	}
+	return p, nil
+}
+
+// Name implements dataplane.Dataplane.
+func (p *Proxier) Name() string { return "nftables" }
+
+func nftFamily(f model.Family) knftables.Family {
+	if f == model.IPv6 {
+		return knftables.IPv6Family
+	}
+	return knftables.IPv4Family
+}
+
+// family returns the state of one family, opening its kernel handle lazily.
+func (p *Proxier) family(f model.Family) (*famState, error) {
+	if st := p.fams[f]; st != nil {
+		return st, nil
+	}
+	nft, err := p.nft(nftFamily(f), p.table)
+	if err != nil {
+		return nil, fmt.Errorf("opening nftables %s table %q: %w", nftFamily(f), p.table, err)
+	}
+	k := &knftKernel{nft: nft}
+	if p.netlink {
+		k.nl = newNetlinkReader(f, p.table)
+		k.sets = map[string]*set{}
+		for _, s := range newRenderer(dataplane.Config{}, f, model.NodeInfo{}).fixedSets() {
+			k.sets[s.Name] = s
+		}
+	}
+	st := newFamState(f, k)
+	p.fams[f] = st
+	return st, nil
+}
+
+// Sync implements dataplane.Dataplane: one transaction per family.
+func (p *Proxier) Sync(ctx context.Context, snap *model.Snapshot, req dataplane.SyncRequest) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for _, f := range p.cfg.Families {
+		st, err := p.family(f)
+		if err == nil {
+			err = st.sync(ctx, p.cfg, snap.Family(f), snap.Node, req, p.clock.Now())
+		}
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	p.removeUpstream(ctx)
+	return nil
+}
+
+// removeUpstream deletes upstream kube-proxy's nftables tables once kproxy's
+// own are in place, so that a node switching proxies never lacks rules.
+func (p *Proxier) removeUpstream(ctx context.Context) {
+	if p.upstreamGone {
+		return
+	}
+	var errs []error
+	for _, f := range p.cfg.Families {
+		errs = append(errs, p.deleteTable(ctx, f, upstreamTable))
+	}
+	if err := errors.Join(errs...); err != nil {
+		klog.FromContext(ctx).Error(err, "Removing upstream kube-proxy's nftables tables failed; retrying at the next sync")
+		return
+	}
+	p.upstreamGone = true
+}
+
+// Drifted implements dataplane.Dataplane: it checks that every fixed chain
+// exists and that two dispatch chains still hold their rules, asking for
+// each by name over netlink (never listing the table).
+func (p *Proxier) Drifted(ctx context.Context) (bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, f := range p.cfg.Families {
+		st := p.fams[f]
+		if st == nil || !st.valid {
+			continue // never synced: nothing to drift from
+		}
+		drifted, err := st.drifted(ctx)
+		if err != nil {
+			return false, fmt.Errorf("checking %s nftables table: %w", f, err)
+		}
+		if drifted {
+			klog.FromContext(ctx).Info("nftables table changed behind kproxy's back; the next full sync repairs it", "family", f, "table", p.table)
+			st.distrust = true
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func (st *famState) drifted(ctx context.Context) (bool, error) {
+	names := make([]string, len(st.cur.Chains))
+	for i, c := range st.cur.Chains {
+		names[i] = c.Name
+	}
+	missing, err := st.kern.MissingChain(ctx, names)
+	if err != nil || missing != "" {
+		return missing != "", err
+	}
+	for _, canary := range []string{chainNATPrerouting, chainServices} {
+		n, err := st.kern.RuleCount(ctx, canary)
+		if err != nil {
+			return false, err
+		}
+		if n == 0 {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// Cleanup implements dataplane.Dataplane: it deletes kproxy's tables and
+// upstream kube-proxy's nftables tables in every configured family.
+// iptables leftovers are the iptables backend's job.
+func (p *Proxier) Cleanup(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for _, f := range []model.Family{model.IPv4, model.IPv6} {
+		for _, table := range []string{p.table, upstreamTable} {
+			errs = append(errs, p.deleteTable(ctx, f, table))
+		}
+		delete(p.fams, f)
+	}
+	return errors.Join(errs...)
+}
+
+func (p *Proxier) deleteTable(ctx context.Context, f model.Family, table string) error {
+	nft, err := p.nft(nftFamily(f), table)
+	if err != nil {
+		klog.FromContext(ctx).V(2).Info("nftables not usable; nothing to clean up", "family", f, "err", err)
+		return nil
+	}
+	tx := nft.NewTransaction()
+	tx.Delete(&knftables.Table{})
+	if err := nft.Run(ctx, tx); err != nil && !knftables.IsNotFound(err) {
+		return fmt.Errorf("deleting nftables table %s %s: %w", nftFamily(f), table, err)
+	}
+	return nil
+}
+
+// Render implements dataplane.DryRunner: the nft -f text that creates the
+// desired tables of every configured family from scratch.
+func (p *Proxier) Render(w io.Writer, snap *model.Snapshot) error {
+	for _, f := range p.cfg.Families {
+		d := render(p.cfg, snap.Family(f), snap.Node)
+		if _, err := io.WriteString(w, renderText(d, p.table)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// renderText is the nft -f text creating d from an empty table.
+func renderText(d *desired, table string) string {
+	st := &famState{fam: d.Family, kChains: map[string]bool{}, kSets: map[string]bool{},
+		kElems: map[string]map[string]string{}, stale: map[string]time.Time{}}
+	var t txn
+	st.fullOps(d, &t)
+	tx := knftables.NewFake(nftFamily(d.Family), table).NewTransaction()
+	for _, o := range t.ops() {
+		if o.verb == opAdd {
+			tx.Add(o.obj)
+		}
+	}
+	return tx.String()
+}

@@ -1,0 +1,275 @@
+package nftables
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/model"
+)
+
+// Names of the fixed chains, sets and maps. Service-port chains and affinity
+// sets get content-addressed names with a slash (see contentName).
+const (
+	chainFilterPreroutingPreDNAT = "filter-prerouting-pre-dnat"
+	chainFilterOutputPreDNAT     = "filter-output-pre-dnat"
+	chainFilterInput             = "filter-input"
+	chainFilterForward           = "filter-forward"
+	chainFilterOutput            = "filter-output"
+	chainNATPrerouting           = "nat-prerouting"
+	chainNATOutput               = "nat-output"
+	chainNATPostrouting          = "nat-postrouting"
+
+	chainServices         = "services"
+	chainMasquerading     = "masquerading"
+	chainFirewallCheck    = "firewall-check"
+	chainServiceEPCheck   = "service-endpoints-check"
+	chainNodePortEPCheck  = "nodeport-endpoints-check"
+	chainClusterIPsCheck  = "cluster-ips-check"
+	chainReject           = "reject-chain"
+	mapServiceIPs         = "service-ips"
+	mapServiceNodePorts   = "service-nodeports"
+	mapNoEndpointServices = "no-endpoint-services"
+	mapNoEndpointNodePort = "no-endpoint-nodeports"
+	mapFirewallIPs        = "firewall-ips"
+	setClusterIPs         = "cluster-ips"
+	setNodePortIPs        = "nodeport-ips"
+	setHairpin            = "hairpin-connections"
+	mapEndpoints          = "endpoints"
+)
+
+// baseChains are the hooked chains; Drifted checks that they all exist.
+var baseChains = []struct {
+	name string
+	spec baseSpec
+}{
+	{chainFilterPreroutingPreDNAT, baseSpec{knftables.FilterType, knftables.PreroutingHook, knftables.DNATPriority + "-10"}},
+	{chainFilterOutputPreDNAT, baseSpec{knftables.FilterType, knftables.OutputHook, knftables.DNATPriority + "-10"}},
+	{chainFilterInput, baseSpec{knftables.FilterType, knftables.InputHook, knftables.FilterPriority}},
+	{chainFilterForward, baseSpec{knftables.FilterType, knftables.ForwardHook, knftables.FilterPriority}},
+	{chainFilterOutput, baseSpec{knftables.FilterType, knftables.OutputHook, knftables.FilterPriority}},
+	{chainNATPrerouting, baseSpec{knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority}},
+	{chainNATOutput, baseSpec{knftables.NATType, knftables.OutputHook, knftables.DNATPriority}},
+	{chainNATPostrouting, baseSpec{knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority}},
+}
+
+// renderer holds everything, derived from the configuration and the node,
+// that the rules of one family depend on besides the service ports.
+type renderer struct {
+	fam      model.Family
+	ipX      string // "ip" or "ip6"
+	addrType string // "ipv4_addr" or "ipv6_addr"
+	loopback string // the loopback range, never a NodePort address
+	masqMark string
+	// masq is the statement that marks a packet for masquerading.
+	masq string
+	// ifLocal and ifNotLocal match traffic from local pods; empty when the
+	// detect-local mode gives nothing for this family.
+	ifLocal, ifNotLocal string
+	masqAll             bool
+	nodeIP              netip.Addr
+	// nodePortAll accepts NodePorts on every local address; otherwise only
+	// local addresses in nodePortCIDRs (none: no NodePorts at all).
+	nodePortAll   bool
+	nodePortCIDRs []netip.Prefix
+	// slots places each policy chain's endpoints in the endpoints map.
+	slots *slotAlloc
+}
+
+func newRenderer(cfg dataplane.Config, fam model.Family, node model.NodeInfo) *renderer {
+	r := &renderer{fam: fam, ipX: "ip", addrType: "ipv4_addr", loopback: "127.0.0.0/8", masqAll: cfg.MasqueradeAll, slots: newSlotAlloc()}
+	if fam == model.IPv6 {
+		r.ipX, r.addrType, r.loopback = "ip6", "ipv6_addr", "::1"
+	}
+	r.masqMark = fmt.Sprintf("%#08x", uint32(1)<<uint(cfg.MasqueradeBit&31))
+	r.masq = "mark set mark or " + r.masqMark
+	r.ifLocal, r.ifNotLocal = localMatch(cfg, fam, node, r.ipX)
+	for _, ip := range cfg.NodeIPs {
+		if model.FamilyOf(ip) == fam && !r.nodeIP.IsValid() {
+			r.nodeIP = ip.Unmap()
+		}
+	}
+	r.nodePortAll, r.nodePortCIDRs = nodePortRange(cfg, fam, r.nodeIP)
+	return r
+}
+
+// localMatch returns the matches for traffic from and not from local pods.
+func localMatch(cfg dataplane.Config, fam model.Family, node model.NodeInfo, ipX string) (string, string) {
+	byCIDR := func(cidrs []netip.Prefix) (string, string) {
+		for _, c := range cidrs {
+			if model.FamilyOf(c.Addr()) == fam {
+				return ipX + " saddr " + c.Masked().String(), ipX + " saddr != " + c.Masked().String()
+			}
+		}
+		return "", ""
+	}
+	switch cfg.LocalMode {
+	case dataplane.LocalClusterCIDR:
+		return byCIDR(cfg.ClusterCIDRs)
+	case dataplane.LocalNodeCIDR:
+		return byCIDR(node.PodCIDRs)
+	case dataplane.LocalBridgeInterface:
+		if cfg.BridgeInterface != "" {
+			return fmt.Sprintf("iifname %q", cfg.BridgeInterface), fmt.Sprintf("iifname != %q", cfg.BridgeInterface)
+		}
+	case dataplane.LocalInterfacePrefix:
+		if cfg.InterfacePrefix != "" {
+			return fmt.Sprintf("iifname %q", cfg.InterfacePrefix+"*"), fmt.Sprintf("iifname != %q", cfg.InterfacePrefix+"*")
+		}
+	}
+	return "", ""
+}
+
+// nodePortRange interprets nodePortAddresses for one family: empty (or a
+// zero-length CIDR) means every local address; "primary" means the node IP.
+func nodePortRange(cfg dataplane.Config, fam model.Family, nodeIP netip.Addr) (bool, []netip.Prefix) {
+	if len(cfg.NodePortAddresses) == 0 {
+		return true, nil
+	}
+	var cidrs []netip.Prefix
+	for _, s := range cfg.NodePortAddresses {
+		if s == "primary" {
+			if nodeIP.IsValid() {
+				cidrs = append(cidrs, netip.PrefixFrom(nodeIP, nodeIP.BitLen()))
+			}
+			continue
+		}
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil || model.FamilyOf(p.Addr()) != fam {
+			continue
+		}
+		if p.Bits() == 0 {
+			return true, nil
+		}
+		cidrs = append(cidrs, p.Masked())
+	}
+	return false, cidrs
+}
+
+// render returns the complete desired state of one family's table.
+func render(cfg dataplane.Config, fs *model.FamilySnapshot, node model.NodeInfo) *desired {
+	r := newRenderer(cfg, fs.Family, node)
+	d := r.fixed()
+	for _, sp := range fs.Ports {
+		d.Ports[sp.ID] = r.port(sp)
+	}
+	return d
+}
+
+// fixed renders the sets, maps and chains that do not depend on Services.
+func (r *renderer) fixed() *desired {
+	d := &desired{Family: r.fam, Ports: map[model.PortID]*portState{}}
+	d.Sets = r.fixedSets()
+	for _, bc := range baseChains {
+		d.Chains = append(d.Chains, &chain{Name: bc.name, Base: &bc.spec, Rules: baseRules(bc.name)})
+	}
+	d.Chains = append(d.Chains,
+		&chain{Name: chainServices, Rules: r.servicesRules()},
+		&chain{Name: chainMasquerading, Rules: r.masqueradingRules()},
+		&chain{Name: chainFirewallCheck, Rules: []string{r.dstTuple() + " vmap @" + mapFirewallIPs}},
+		&chain{Name: chainServiceEPCheck, Rules: []string{r.dstTuple() + " vmap @" + mapNoEndpointServices}},
+		&chain{Name: chainNodePortEPCheck, Rules: r.nodePortRules(mapNoEndpointNodePort)},
+		&chain{Name: chainClusterIPsCheck, Rules: []string{r.ipX + " daddr @" + setClusterIPs + " reject"}},
+		&chain{Name: chainReject, Rules: []string{"reject"}},
+	)
+	for _, c := range r.nodePortCIDRs {
+		d.Elems = append(d.Elems, element{Set: setNodePortIPs, Key: []string{c.String()}})
+	}
+	return d
+}
+
+func (r *renderer) fixedSets() []*set {
+	return append(r.baseSets(), r.endpointSets()...)
+}
+
+// endpointSets are the endpoints maps, sharded per protocol: nft insists
+// that the map's declared port type matches the rule's protocol match.
+func (r *renderer) endpointSets() []*set {
+	var out []*set
+	for _, proto := range []string{"tcp", "udp", "sctp"} {
+		for i := range shardCount[proto] {
+			out = append(out, &set{Name: endpointShard(proto, i), IsMap: true,
+				TypeOf:  "numgen random mod 1 : " + r.ipX + " daddr . " + proto + " dport",
+				Comment: "endpoints of " + proto + " policy chains, by slot"})
+		}
+	}
+	return out
+}
+
+// shardCount is how many endpoints maps each protocol has.
+var shardCount = map[string]int{"tcp": 16, "udp": 4, "sctp": 2}
+
+func endpointShard(proto string, i int) string {
+	return fmt.Sprintf("%s-%s-%02d", mapEndpoints, proto, i)
+}
+
+func (r *renderer) baseSets() []*set {
+	dst := r.addrType + " . inet_proto . inet_service : verdict"
+	return []*set{
+		{Name: setClusterIPs, Type: r.addrType, Comment: "active ClusterIPs"},
+		{Name: setNodePortIPs, Type: r.addrType, Flags: []knftables.SetFlag{knftables.IntervalFlag}, Comment: "CIDRs whose local addresses accept NodePorts"},
+		{Name: setHairpin, Type: r.addrType + " . " + r.addrType + " . inet_proto . inet_service", Comment: "local endpoints reaching themselves through a Service"},
+		{Name: mapServiceIPs, IsMap: true, Type: dst, Comment: "ClusterIP, external IP and load-balancer IP dispatch"},
+		{Name: mapServiceNodePorts, IsMap: true, Type: "inet_proto . inet_service : verdict", Comment: "NodePort dispatch"},
+		{Name: mapNoEndpointServices, IsMap: true, Type: dst, Comment: "drop or reject traffic to service IPs without endpoints"},
+		{Name: mapNoEndpointNodePort, IsMap: true, Type: "inet_proto . inet_service : verdict", Comment: "drop or reject traffic to NodePorts without endpoints"},
+		{Name: mapFirewallIPs, IsMap: true, Type: dst, Comment: "load-balancer IPs subject to loadBalancerSourceRanges"},
+	}
+}
+
+// baseRules are the jumps from each hooked chain to the helper chains.
+func baseRules(name string) []string {
+	switch name {
+	case chainFilterPreroutingPreDNAT, chainFilterOutputPreDNAT:
+		return []string{"ct state new jump " + chainFirewallCheck}
+	case chainFilterInput:
+		return []string{"ct state new jump " + chainNodePortEPCheck, "ct state new jump " + chainServiceEPCheck}
+	case chainFilterForward, chainFilterOutput:
+		return []string{"ct state new jump " + chainServiceEPCheck, "ct state new jump " + chainClusterIPsCheck}
+	case chainNATPrerouting, chainNATOutput:
+		return []string{"jump " + chainServices}
+	case chainNATPostrouting:
+		return []string{"jump " + chainMasquerading}
+	}
+	return nil
+}
+
+func (r *renderer) dstTuple() string { return r.ipX + " daddr . meta l4proto . th dport" }
+
+// servicesRules dispatch by destination; cluster-IP traffic from outside
+// the cluster (or all of it with masqueradeAll) is marked for masquerade.
+func (r *renderer) servicesRules() []string {
+	var rules []string
+	switch {
+	case r.masqAll:
+		rules = append(rules, r.ipX+" daddr @"+setClusterIPs+" "+r.masq)
+	case r.ifNotLocal != "":
+		rules = append(rules, r.ipX+" daddr @"+setClusterIPs+" "+r.ifNotLocal+" "+r.masq)
+	}
+	rules = append(rules, r.dstTuple()+" vmap @"+mapServiceIPs)
+	return append(rules, r.nodePortRules(mapServiceNodePorts)...)
+}
+
+// nodePortRules match NodePort traffic to node addresses and dispatch it
+// through vmap; nothing when no address accepts NodePorts.
+func (r *renderer) nodePortRules(vmap string) []string {
+	tail := r.ipX + " daddr != " + r.loopback + " meta l4proto . th dport vmap @" + vmap
+	if r.nodePortAll {
+		return []string{"fib daddr type local " + tail}
+	}
+	if len(r.nodePortCIDRs) == 0 {
+		return nil
+	}
+	return []string{r.ipX + " daddr @" + setNodePortIPs + " fib daddr type local " + tail}
+}
+
+func (r *renderer) masqueradingRules() []string {
+	tuple := r.ipX + " saddr . " + r.ipX + " daddr . meta l4proto . th dport"
+	return []string{
+		"mark and " + r.masqMark + " != 0 mark set mark xor " + r.masqMark + " masquerade fully-random",
+		"ct status dnat " + tuple + " @" + setHairpin + " masquerade fully-random",
+	}
+}

@@ -1,0 +1,414 @@
+package nftables
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/model"
+)
+
+// The tracer evaluates the rendered rules of one family against a packet,
+// following netfilter's hook order, and explores every branch of the
+// `numgen` load-balancing rules. It understands exactly the rule
+// vocabulary render emits and fails the test on anything else.
+
+// tracePacket is the first packet of a connection.
+type tracePacket struct {
+	src, dst netip.Addr
+	proto    string
+	dport    uint16
+	iif      string
+	fromHost bool // sent by a host-network process (output path)
+}
+
+// traceResult is what happened to a packet over every branch.
+type traceResult struct {
+	verdict string   // accept, drop or reject
+	dnat    []string // every possible DNAT target, sorted; nil when none
+	masq    bool
+}
+
+type tracer struct {
+	t       testing.TB
+	chains  map[string]*chain
+	sets    map[string]map[string]string // set -> key -> value
+	isLocal func(netip.Addr) bool
+}
+
+func newTracer(t testing.TB, d *desired, localAddrs ...netip.Addr) *tracer {
+	tr := &tracer{t: t, chains: map[string]*chain{}, sets: map[string]map[string]string{}}
+	add := func(e element) {
+		if tr.sets[e.Set] == nil {
+			tr.sets[e.Set] = map[string]string{}
+		}
+		tr.sets[e.Set][e.key()] = e.value()
+	}
+	for _, c := range d.Chains {
+		tr.chains[c.Name] = c
+	}
+	for _, e := range d.Elems {
+		add(e)
+	}
+	for _, ps := range d.Ports {
+		for _, c := range ps.Chains {
+			tr.chains[c.Name] = c
+		}
+		for _, e := range ps.Elems {
+			add(e)
+		}
+	}
+	tr.isLocal = func(a netip.Addr) bool { return a.IsLoopback() || slices.Contains(localAddrs, a) }
+	return tr
+}
+
+// pktState is the mutable state of one packet along one branch.
+type pktState struct {
+	tracePacket
+	mark    uint32
+	dnatted bool
+	masq    bool
+	choices []bool // numgen decisions to take, in order
+	used    int    // numgen decisions taken
+	taken   []bool // decisions actually taken
+}
+
+// trace explores all numgen branches and merges their outcomes.
+func (tr *tracer) trace(p tracePacket) traceResult {
+	var res traceResult
+	queue := [][]bool{nil}
+	targets := map[string]bool{}
+	verdicts := map[string]bool{}
+	for runs := 0; len(queue) > 0; runs++ {
+		if runs > 1000 {
+			tr.t.Fatalf("trace of %+v does not terminate", p)
+		}
+		prefix := queue[0]
+		queue = queue[1:]
+		st := &pktState{tracePacket: p, choices: prefix}
+		v := tr.run(st)
+		verdicts[v] = true
+		if st.dnatted {
+			targets[netip.AddrPortFrom(st.dst, st.dport).String()] = true
+		}
+		res.masq = res.masq || st.masq
+		for i := len(prefix); i < len(st.taken); i++ {
+			if st.taken[i] {
+				queue = append(queue, append(slices.Clone(st.taken[:i]), false))
+			}
+		}
+	}
+	if len(verdicts) != 1 {
+		tr.t.Fatalf("branches of %+v end differently: %v", p, verdicts)
+	}
+	for v := range verdicts {
+		res.verdict = v
+	}
+	for tgt := range targets {
+		res.dnat = append(res.dnat, tgt)
+	}
+	slices.Sort(res.dnat)
+	return res
+}
+
+// run follows the hooks of one path; it returns the final verdict.
+func (tr *tracer) run(st *pktState) string {
+	pre := []string{chainFilterPreroutingPreDNAT, chainNATPrerouting}
+	if st.fromHost {
+		pre = []string{chainFilterOutputPreDNAT, chainNATOutput, chainFilterOutput}
+	}
+	for _, c := range pre {
+		if v := tr.hook(st, c); v != "accept" {
+			return v
+		}
+	}
+	var post []string
+	switch {
+	case tr.isLocal(st.dst):
+		post = []string{chainFilterInput}
+	case st.fromHost:
+		post = []string{chainNATPostrouting}
+	default:
+		post = []string{chainFilterForward, chainNATPostrouting}
+	}
+	for _, c := range post {
+		if v := tr.hook(st, c); v != "accept" {
+			return v
+		}
+	}
+	return "accept"
+}
+
+// hook runs a base chain; "accept" means the packet continues.
+func (tr *tracer) hook(st *pktState, name string) string {
+	v := tr.chain(st, name, 0)
+	if v == "" || v == "return" {
+		return "accept"
+	}
+	return v
+}
+
+// chain evaluates a chain; "" means it fell through (or returned).
+func (tr *tracer) chain(st *pktState, name string, depth int) string {
+	c := tr.chains[name]
+	if c == nil {
+		tr.t.Fatalf("jump to missing chain %q", name)
+	}
+	if depth > 16 {
+		tr.t.Fatalf("chain depth exceeded at %q", name)
+	}
+	for _, r := range c.Rules {
+		if v := tr.rule(st, r, depth); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// rule evaluates one rule; "" means continue with the next rule.
+func (tr *tracer) rule(st *pktState, rule string, depth int) string {
+	toks := tokenize(rule)
+	for len(toks) > 0 {
+		ok, v, rest := tr.step(st, toks, depth)
+		if !ok {
+			return ""
+		}
+		if v != "" {
+			return v
+		}
+		toks = rest
+	}
+	return ""
+}
+
+// verdict applies a verdict statement: jump returns into the rule; goto
+// does not.
+func (tr *tracer) verdict(st *pktState, verb, target string, depth int) string {
+	switch verb {
+	case "jump":
+		if v := tr.chain(st, target, depth+1); v != "return" {
+			return v
+		}
+		return ""
+	case "goto":
+		v := tr.chain(st, target, depth+1)
+		if v == "" {
+			return "return"
+		}
+		return v
+	}
+	return verb
+}
+
+// step consumes one match or statement from toks. ok=false: no match.
+// v != "": the rule ends with that verdict.
+func (tr *tracer) step(st *pktState, toks []string, depth int) (ok bool, v string, rest []string) {
+	switch toks[0] {
+	case "ct":
+		if toks[1] == "state" {
+			return toks[2] == "new", "", toks[3:]
+		}
+		return st.dnatted, "", toks[3:] // ct status dnat
+	case "jump", "goto":
+		return true, tr.verdict(st, toks[0], toks[1], depth), nil
+	case "drop", "reject", "accept":
+		return true, toks[0], nil
+	case "fib":
+		a := st.dst
+		if toks[1] == "saddr" {
+			a = st.src
+		}
+		return tr.isLocal(a), "", toks[4:]
+	case "iifname":
+		return tr.matchIface(st, toks)
+	case "mark":
+		return tr.markStep(st, toks)
+	case "masquerade":
+		st.masq = true
+		return true, "accept", nil
+	case "numgen":
+		take := true
+		if st.used < len(st.choices) {
+			take = st.choices[st.used]
+		}
+		st.used++
+		st.taken = append(st.taken, take)
+		return take, "", toks[5:]
+	case "update":
+		end := slices.Index(toks, "}")
+		return true, "", toks[end+1:]
+	case "dnat":
+		if len(toks) == 11 { // dnat ip to numgen random mod M offset B map @m
+			return tr.mappedDNAT(st, toks)
+		}
+		ap := netip.MustParseAddrPort(toks[2])
+		st.dst, st.dport, st.dnatted = ap.Addr(), ap.Port(), true
+		return true, "accept", nil
+	}
+	return tr.exprStep(st, toks, depth)
+}
+
+// mappedDNAT picks slot i of M (one binary numgen decision per slot, so
+// every slot is a branch) and DNATs to that element of the map.
+func (tr *tracer) mappedDNAT(st *pktState, toks []string) (bool, string, []string) {
+	m, _ := strconv.Atoi(toks[6])
+	base, _ := strconv.Atoi(toks[8])
+	i := 0
+	for ; i < m-1; i++ {
+		take := true
+		if st.used < len(st.choices) {
+			take = st.choices[st.used]
+		}
+		st.used++
+		st.taken = append(st.taken, take)
+		if take {
+			break
+		}
+	}
+	v, ok := tr.sets[toks[10][1:]][strconv.Itoa(base+i)]
+	if !ok {
+		tr.t.Fatalf("slot %d of %s is empty", base+i, toks[10])
+	}
+	f := strings.Split(v, " ")
+	a, _ := netip.ParseAddr(f[0])
+	port, _ := strconv.Atoi(f[1])
+	st.dst, st.dport, st.dnatted = a, uint16(port), true
+	return true, "accept", nil
+}
+
+func (tr *tracer) matchIface(st *pktState, toks []string) (bool, string, []string) {
+	neg := toks[1] == "!="
+	var pat string
+	if neg {
+		pat, toks = toks[2], toks[3:]
+	} else {
+		pat, toks = toks[1], toks[2:]
+	}
+	pat = strings.Trim(pat, `"`)
+	m := st.iif == pat
+	if strings.HasSuffix(pat, "*") {
+		m = strings.HasPrefix(st.iif, strings.TrimSuffix(pat, "*"))
+	}
+	return m != neg, "", toks
+}
+
+func (tr *tracer) markStep(st *pktState, toks []string) (bool, string, []string) {
+	val := func(s string) uint32 {
+		n, err := strconv.ParseUint(s, 0, 32)
+		if err != nil {
+			tr.t.Fatalf("bad mark %q", s)
+		}
+		return uint32(n)
+	}
+	switch {
+	case toks[1] == "and": // mark and X != 0
+		return st.mark&val(toks[2]) != 0, "", toks[5:]
+	case toks[3] == "or": // mark set mark or X
+		st.mark |= val(toks[4])
+	default: // mark set mark xor X
+		st.mark ^= val(toks[4])
+	}
+	return true, "", toks[5:]
+}
+
+// exprStep handles `sel [. sel]* (vmap @m | @s | != v | v | != { ... })`.
+func (tr *tracer) exprStep(st *pktState, toks []string, depth int) (bool, string, []string) {
+	var key []string
+	for {
+		val, n := tr.selector(st, toks)
+		key = append(key, val)
+		toks = toks[n:]
+		if len(toks) == 0 || toks[0] != "." {
+			break
+		}
+		toks = toks[1:]
+	}
+	k := strings.Join(key, " . ")
+	switch {
+	case toks[0] == "vmap":
+		v, found := tr.lookup(toks[1][1:], k)
+		if !found {
+			return false, "", nil
+		}
+		f := strings.Fields(v)
+		if len(f) == 1 {
+			return true, f[0], nil
+		}
+		return true, tr.verdict(st, f[0], f[1], depth), nil
+	case strings.HasPrefix(toks[0], "@"):
+		_, found := tr.lookup(toks[0][1:], k)
+		return found, "", toks[1:]
+	case toks[0] == "!=" && toks[1] == "{":
+		end := slices.Index(toks, "}")
+		in := false
+		for _, s := range toks[2:end] {
+			in = in || contains(strings.TrimSuffix(s, ","), k)
+		}
+		return !in, "", toks[end+1:]
+	case toks[0] == "!=":
+		return !contains(toks[1], k), "", toks[2:]
+	}
+	return contains(toks[0], k), "", toks[1:]
+}
+
+// selector returns the value of one packet field and how many tokens it took.
+func (tr *tracer) selector(st *pktState, toks []string) (string, int) {
+	switch toks[0] + " " + toks[1] {
+	case "ip saddr", "ip6 saddr":
+		return st.src.String(), 2
+	case "ip daddr", "ip6 daddr":
+		return st.dst.String(), 2
+	case "meta l4proto":
+		return st.proto, 2
+	case "th dport":
+		return strconv.Itoa(int(st.dport)), 2
+	}
+	tr.t.Fatalf("tracer does not understand %q", strings.Join(toks, " "))
+	return "", 0
+}
+
+// lookup finds k in a set, also as an address inside a CIDR element.
+func (tr *tracer) lookup(set, k string) (string, bool) {
+	if strings.HasPrefix(set, "aff-") {
+		return "", false // affinity sets start empty
+	}
+	elems := tr.sets[set]
+	if v, ok := elems[k]; ok {
+		return v, true
+	}
+	for e, v := range elems {
+		if strings.Contains(e, "/") && contains(e, k) {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// contains reports whether pattern (an address, CIDR or literal) matches v.
+func contains(pattern, v string) bool {
+	if p, err := netip.ParsePrefix(pattern); err == nil {
+		a, err := netip.ParseAddr(v)
+		return err == nil && p.Contains(a)
+	}
+	return pattern == v
+}
+
+func tokenize(rule string) []string {
+	rule = strings.NewReplacer("{", " { ", "}", " } ").Replace(rule)
+	return strings.Fields(rule)
+}
+
+// traceOf renders snap for cfg and returns a tracer for one family.
+func traceOf(t testing.TB, cfg dataplane.Config, snap *model.Snapshot, fam model.Family) *tracer {
+	d := render(cfg, snap.Family(fam), snap.Node)
+	local := []netip.Addr{nodeIP, nodeIP6}
+	return newTracer(t, d, local...)
+}
+
+func (r traceResult) String() string {
+	return fmt.Sprintf("%s dnat=%v masq=%v", r.verdict, r.dnat, r.masq)
+}

@@ -1,0 +1,116 @@
+package model
+
+import (
+	"net/netip"
+	"strings"
+
+	netutils "k8s.io/utils/net"
+
+	"github.com/kproxy/kproxy/internal/objects"
+)
+
+// parseAddr parses an IP address the way upstream's sloppy parser reads API
+// objects: IPv4 octets with leading zeros are decimal, an IPv4-mapped IPv6
+// address is IPv4, and zones are refused. It never panics.
+func parseAddr(s string) (netip.Addr, bool) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		if a.Zone() != "" {
+			return netip.Addr{}, false
+		}
+		return a.Unmap(), true
+	}
+	// Rare: the legacy form with leading zeros ("010.0.0.1").
+	ip := netutils.ParseIPSloppy(s)
+	if ip == nil {
+		return netip.Addr{}, false
+	}
+	a, ok := netip.AddrFromSlice(ip)
+	return a.Unmap(), ok
+}
+
+// parsePrefix parses a CIDR as upstream does (sloppy, host bits allowed) and
+// returns it masked to its network. IPv4-mapped IPv6 prefixes are refused:
+// their family is ambiguous.
+func parsePrefix(s string) (netip.Prefix, bool) {
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		_, n, err := netutils.ParseCIDRSloppy(s)
+		if err != nil {
+			return netip.Prefix{}, false
+		}
+		a, ok := netip.AddrFromSlice(n.IP)
+		ones, _ := n.Mask.Size()
+		if !ok {
+			return netip.Prefix{}, false
+		}
+		p = netip.PrefixFrom(a, ones)
+	}
+	if p.Addr().Is4In6() || p.Addr().Zone() != "" {
+		return netip.Prefix{}, false
+	}
+	return p.Masked(), true
+}
+
+// problemList adds the problems of one object to a shared list.
+type problemList struct {
+	kind string
+	key  objects.Key
+	list *[]Problem
+}
+
+func (p *problemList) add(field, reason string) {
+	*p.list = append(*p.list, Problem{Kind: p.kind, Object: p.key, Field: field, Reason: reason})
+}
+
+// addrList parses the non-blank entries of ss, reporting invalid ones as
+// problems of field.
+func addrList(ss []string, field string, probs *problemList) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range ss {
+		if strings.TrimSpace(s) == "" {
+			continue
+		}
+		a, ok := parseAddr(s)
+		if !ok {
+			probs.add(field, "invalid IP address "+quote(s))
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// makeNodeInfo turns this node's Node object into a NodeInfo. A nil node
+// gives a NodeInfo with only the name and Known false.
+func makeNodeInfo(name string, n *objects.Node) (NodeInfo, []Problem) {
+	info := NodeInfo{Name: name}
+	if n == nil {
+		return info, nil
+	}
+	var list []Problem
+	probs := &problemList{kind: "Node", key: objects.Key{Name: n.Name}, list: &list}
+	info.Known = true
+	info.Zone = n.Zone()
+	info.Deleting = n.Deleting
+	info.ToBeDeleted = n.ToBeDeleted
+	for _, s := range n.PodCIDRs {
+		if p, ok := parsePrefix(strings.TrimSpace(s)); ok {
+			info.PodCIDRs = append(info.PodCIDRs, p)
+		} else {
+			probs.add("spec.podCIDRs", "invalid CIDR "+quote(s))
+		}
+	}
+	info.InternalIPs = addrList(n.InternalIPs, "status.addresses[InternalIP]", probs)
+	info.ExternalIPs = addrList(n.ExternalIPs, "status.addresses[ExternalIP]", probs)
+	return info, list
+}
+
+// quote shows a bad value in a problem, bounded so a huge value cannot flood
+// the log.
+func quote(s string) string {
+	const maxLen = 64
+	if len(s) > maxLen {
+		s = s[:maxLen] + "..."
+	}
+	return `"` + strings.ToValidUTF8(s, "?") + `"`
+}

@@ -1,0 +1,186 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/kproxy/kproxy/test/testbed/netbed"
+	"github.com/kproxy/kproxy/test/testbed/netbed/echo"
+)
+
+// testSessionAffinity: with sessionAffinity ClientIP, every new connection
+// from one client reaches the same one of four endpoints.
+func testSessionAffinity(t *testing.T, b *fbed, f family) {
+	svc := b.applyService(t, svcName("affinity", f), v1.ServiceTypeClusterIP, func(s *v1.Service) {
+		s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+		s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{
+			ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](10)}}
+	})
+	b.setSlices(t, svc.Name, nil, readyEPs(b.pods...))
+	vip := clusterIP(t, svc, f.v6)
+	for _, proto := range []string{echo.ProtoTCP, echo.ProtoUDP} {
+		from := b.pods[0]
+		pod := b.waitOnePod(t, from.Netns, req(proto, vip, 80), 16)
+		again := burst(from.Netns, req(proto, vip, 80), 24)
+		if len(again.failures) > 0 || len(again.byPod) != 1 || again.byPod[pod] == 0 {
+			t.Errorf("%s %s -> %s: affinity to %s lost: %s", proto, from.PodName, vip, pod, again)
+		}
+		t.Logf("%s %s -> %s: every reply from %s (%s)", proto, from.PodName, vip, pod, again)
+	}
+}
+
+// testExternalTrafficPolicyLocal: via the node with local endpoints, the
+// NodePort and the LB IP answer from those endpoints only and keep the
+// client's address; via the other node the NodePort drops; the
+// health-check node port says so (200/503, upstream's JSON); the other
+// node itself and its pods short-circuit to the cluster's endpoints.
+func testExternalTrafficPolicyLocal(t *testing.T, b *fbed, f family) {
+	svc := b.applyService(t, svcName("etplocal", f), v1.ServiceTypeLoadBalancer, withETPLocal)
+	local := b.podsOn("node1")
+	b.setSlices(t, svc.Name, nil, readyEPs(local...))
+	lb := extIP(f, ipETPLocal)
+	b.setIngress(t, svc, lbIngress{ip: lb})
+	n1, n2 := b.node(0), b.node(1)
+	routeVia(t, b.bed.Client(), lb, n1, f)
+	client := b.clientAddr(f)
+	np := nodePort(t, svc, "tcp")
+	for _, dst := range []netip.Addr{nodeAddr(n1, f), lb} {
+		for _, proto := range []string{echo.ProtoTCP, echo.ProtoUDP} {
+			port := np
+			if proto == echo.ProtoUDP {
+				port = nodePort(t, svc, "udp")
+			}
+			if dst == lb {
+				port = 80
+			}
+			got := waitForPods(t, b.exited, b.bed.Client(), req(proto, dst, port), local...)
+			t.Logf("%s client -> %s:%d: %s", proto, dst, port, got)
+			checkSources(t, fmt.Sprintf("%s client -> %s:%d", proto, dst, port), got, isOneOf(client), "the client's "+client.String()+" (no SNAT)")
+		}
+	}
+	b.expectDropped(t, b.bed.Client(), req(echo.ProtoTCP, nodeAddr(n2, f), np), f)
+	b.checkHealthCheckNodePort(t, svc, f, map[*netbed.Node]int{n1: len(local), n2: 0})
+
+	// Short-circuit: the node without local endpoints, and its pods, use
+	// the cluster's endpoints.
+	got := waitForPods(t, b.exited, n2.Netns, req(echo.ProtoTCP, nodeAddr(n2, f), np), local...)
+	t.Logf("tcp node2 -> its own NodePort %s:%d: %s", nodeAddr(n2, f), np, got)
+	pod := b.podsOn("node2")[0]
+	got = waitForPods(t, b.exited, pod.Netns, req(echo.ProtoTCP, nodeAddr(n2, f), np), local...)
+	t.Logf("tcp pod %s -> node2's NodePort: %s", pod.PodName, got)
+	got = waitForPods(t, b.exited, pod.Netns, req(echo.ProtoTCP, lb, 80), local...)
+	t.Logf("tcp pod %s -> LB %s:80: %s", pod.PodName, lb, got)
+}
+
+// checkHealthCheckNodePort GETs the Service's health-check node port on
+// every node in want (node -> local endpoints) from the client and checks
+// the status (200 with local endpoints, 503 without) and upstream's body.
+func (b *fbed) checkHealthCheckNodePort(t *testing.T, svc *v1.Service, f family, want map[*netbed.Node]int) {
+	t.Helper()
+	hc := uint16(svc.Spec.HealthCheckNodePort)
+	if hc == 0 {
+		t.Fatalf("service %s has no health-check node port", svc.Name)
+	}
+	for n, count := range want {
+		url := "http://" + netip.AddrPortFrom(nodeAddr(n, f), hc).String() + "/"
+		wantCode := 200
+		if count == 0 {
+			wantCode = 503
+		}
+		eventually(t, b.exited, func() error {
+			code, body, err := b.bed.Client().HTTPGet(context.Background(), url)
+			if err != nil {
+				return err
+			}
+			h, perr := parseHC(body)
+			switch {
+			case code != wantCode:
+				return fmt.Errorf("status %d, want %d; body %q", code, wantCode, body)
+			case perr != nil:
+				return fmt.Errorf("body %q: %v", body, perr)
+			case h.Service.Namespace != svc.Namespace || h.Service.Name != svc.Name || h.LocalEndpoints != count || !h.ServiceProxyHealthy:
+				return fmt.Errorf("body %+v, want service %s/%s localEndpoints %d serviceProxyHealthy true", h, svc.Namespace, svc.Name, count)
+			}
+			t.Logf("GET %s: %d %s", url, code, body)
+			return nil
+		}, "health-check node port %s", url)
+	}
+}
+
+// testInternalTrafficPolicyLocal: pods and nodes reach only the endpoints
+// on their own node; without local endpoints their traffic is dropped.
+func testInternalTrafficPolicyLocal(t *testing.T, b *fbed, f family) {
+	svc := b.applyService(t, svcName("itplocal", f), v1.ServiceTypeClusterIP, withITPLocal)
+	on1, on2 := b.podsOn("node1"), b.podsOn("node2")
+	b.setSlices(t, svc.Name, nil, readyEPs(on1[0], on1[1], on2[0]))
+	vip := clusterIP(t, svc, f.v6)
+	for _, c := range []struct {
+		ns   *netbed.Netns
+		want []*netbed.Pod
+	}{
+		{on1[1].Netns, on1}, {b.node(0).Netns, on1},
+		{on2[1].Netns, on2[:1]}, {b.node(1).Netns, on2[:1]},
+	} {
+		got := waitForPods(t, b.exited, c.ns, req(echo.ProtoTCP, vip, 80), c.want...)
+		t.Logf("tcp %s -> %s: %s", c.ns.Name, vip, got)
+	}
+	b.setSlices(t, svc.Name, nil, readyEPs(on1...))
+	b.expectDropped(t, on2[1].Netns, req(echo.ProtoTCP, vip, 80), f)
+	b.expectDropped(t, b.node(1).Netns, req(echo.ProtoTCP, vip, 80), f)
+	got := waitForPods(t, b.exited, on1[0].Netns, req(echo.ProtoTCP, vip, 80), on1...)
+	t.Logf("tcp %s -> %s (still local endpoints): %s", on1[0].PodName, vip, got)
+}
+
+// testTerminatingEndpoints: external traffic with policy Local falls back
+// to local serving+terminating endpoints while cluster traffic uses the
+// ready ones; with only serving+terminating endpoints cluster traffic uses
+// them; endpoints that are neither ready nor serving are not used (reject).
+func testTerminatingEndpoints(t *testing.T, b *fbed, f family) {
+	svc := b.applyService(t, svcName("terminating", f), v1.ServiceTypeNodePort, withETPLocal)
+	a, c := b.podsOn("node1")[0], b.podsOn("node2")[0]
+	from := b.podsOn("node1")[1]
+	vip := clusterIP(t, svc, f.v6)
+	np := req(echo.ProtoTCP, nodeAddr(b.node(0), f), nodePort(t, svc, "tcp"))
+
+	b.setSlices(t, svc.Name, nil, []ep{{pod: a, state: epServingTerminating}, {pod: c}})
+	got := waitForPods(t, b.exited, b.bed.Client(), np, a)
+	t.Logf("client -> node1 NodePort (local endpoint only terminating): %s", got)
+	checkSources(t, "client -> NodePort (Local)", got, isOneOf(b.clientAddr(f)), "the client's (no SNAT)")
+	got = waitForPods(t, b.exited, from.Netns, req(echo.ProtoTCP, vip, 80), c)
+	t.Logf("pod -> ClusterIP (one ready, one terminating): %s", got)
+
+	b.setSlices(t, svc.Name, nil, []ep{{pod: a, state: epServingTerminating}, {pod: c, state: epServingTerminating}})
+	got = waitForPods(t, b.exited, from.Netns, req(echo.ProtoTCP, vip, 80), a, c)
+	t.Logf("pod -> ClusterIP (only serving+terminating): %s", got)
+
+	b.setSlices(t, svc.Name, nil, []ep{{pod: a, state: epTerminating}, {pod: c, state: epTerminating}})
+	b.expectRefused(t, from.Netns, req(echo.ProtoTCP, vip, 80), f)
+	b.expectRefused(t, b.bed.Client(), np, f)
+}
+
+// testTopologyHints: when every endpoint has a zone hint, a node uses only
+// the endpoints hinted for its zone (nodes carry zone-a / zone-b labels).
+func testTopologyHints(t *testing.T, b *fbed, f family) {
+	svc := b.applyService(t, svcName("hints", f), v1.ServiceTypeClusterIP)
+	var eps []ep
+	for _, p := range b.pods {
+		eps = append(eps, ep{pod: p, hint: p.Node.Spec.Zone})
+	}
+	b.setSlices(t, svc.Name, nil, eps)
+	vip := clusterIP(t, svc, f.v6)
+	on1, on2 := b.podsOn("node1"), b.podsOn("node2")
+	for _, c := range []struct {
+		ns   *netbed.Netns
+		want []*netbed.Pod
+	}{{on1[0].Netns, on1}, {b.node(1).Netns, on2}, {on2[0].Netns, on2}} {
+		got := waitForPods(t, b.exited, c.ns, req(echo.ProtoTCP, vip, 80), c.want...)
+		t.Logf("tcp %s -> %s: %s", c.ns.Name, vip, got)
+	}
+}
