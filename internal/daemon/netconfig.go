@@ -182,6 +182,9 @@ func dataplaneConfig(c *kpv1alpha1.KubeProxyConfiguration, ips nodeIPs, fams []m
 		NodePortAddresses: nodePortAddresses(c.NodePortAddresses, ips),
 		NodeIPs:           ips.known(),
 	}
+	if c.IPTables.LocalhostNodePorts != nil && !*c.IPTables.LocalhostNodePorts {
+		cfg.NoLocalhostNodePorts = true
+	}
 	if cfg.LocalMode == dataplane.LocalClusterCIDR && c.ClusterCIDR != "" {
 		cidrs, err := parseCIDRs(c.ClusterCIDR)
 		if err != nil {

@@ -85,4 +85,8 @@ type Config struct {
 	// TableName overrides the kernel table (nftables) name; empty means
 	// "kproxy". Upstream's "kube-proxy" tables are leftovers to remove.
 	TableName string
+	// NoLocalhostNodePorts is iptables.localhostNodePorts=false: NodePorts are
+	// not answered on 127.0.0.0/8 (iptables mode, IPv4 only). The zero value
+	// keeps upstream's default (answered).
+	NoLocalhostNodePorts bool
 }

@@ -62,7 +62,7 @@ func New(cfg dataplane.Config, opts ...Option) (*Proxier, error) {
 	if len(cfg.Families) == 0 {
 		cfg.Families = []model.Family{model.IPv4}
 	}
-	p := &Proxier{cfg: cfg, exec: OSExec{}, sysctl: ProcSysctl{}, localhost: true, fams: map[model.Family]*famState{}}
+	p := &Proxier{cfg: cfg, exec: OSExec{}, sysctl: ProcSysctl{}, localhost: !cfg.NoLocalhostNodePorts, fams: map[model.Family]*famState{}}
 	for _, o := range opts {
 		o(p)
 	}
