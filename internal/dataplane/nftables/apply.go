@@ -25,7 +25,7 @@ const staleDelay = time.Second
 // elemRef is one desired element of a shared set or map and how many
 // service ports want it.
 type elemRef struct {
-	e element
+	e *element // in the portState that rendered it (immutable)
 	n int
 }
 
@@ -85,21 +85,19 @@ type txn struct {
 	head, sets, chains, rules, dels, adds []op
 }
 
-func (t *txn) ops() []op {
-	var all []op
-	for _, part := range [][]op{t.head, t.sets, t.chains, t.rules, t.dels, t.adds} {
-		all = append(all, part...)
-	}
-	return all
+// ops returns the transaction's operations in order, as parts (not
+// copied into one slice: a full sync at 10k Services has 150k of them).
+func (t *txn) ops() opList {
+	return opList{t.head, t.sets, t.chains, t.rules, t.dels, t.adds}
 }
 
 func (t *txn) addChain(c *chain, flush bool) {
-	t.chains = append(t.chains, op{opAdd, c.object()})
+	t.chains = append(t.chains, op{verb: opAdd, obj: c.object()})
 	if flush {
-		t.chains = append(t.chains, op{opFlush, &knftables.Chain{Name: c.Name}})
+		t.chains = append(t.chains, op{verb: opFlush, obj: &knftables.Chain{Name: c.Name}})
 	}
 	for _, r := range c.Rules {
-		t.rules = append(t.rules, op{opAdd, &knftables.Rule{Chain: c.Name, Rule: r}})
+		t.rules = append(t.rules, op{verb: opAdd, obj: &knftables.Rule{Chain: c.Name, Rule: r}})
 	}
 }
 
@@ -119,7 +117,7 @@ func (st *famState) sync(ctx context.Context, cfg dataplane.Config, fs *model.Fa
 	}
 	if err == nil {
 		ops := t.ops()
-		logger.V(4).Info("Applying nftables changes", "family", st.fam, "full", full, "operations", len(ops))
+		logger.V(4).Info("Applying nftables changes", "family", st.fam, "full", full, "operations", ops.len())
 		err = st.kern.Apply(ctx, ops)
 	}
 	if err != nil {
@@ -159,16 +157,16 @@ func (st *famState) prepareFull(ctx context.Context, cfg dataplane.Config, fs *m
 // fullOps writes the fixed objects, then every port object the kernel
 // lacks, then the element difference; unwanted port objects become stale.
 func (st *famState) fullOps(d *desired, t *txn) {
-	t.head = append(t.head, op{opAdd, &knftables.Table{Comment: knftables.PtrTo("kproxy service proxy rules")}})
+	t.head = append(t.head, op{verb: opAdd, obj: &knftables.Table{Comment: knftables.PtrTo("kproxy service proxy rules")}})
 	for _, s := range d.Sets {
-		t.sets = append(t.sets, op{opAdd, s.object()})
+		t.sets = append(t.sets, op{verb: opAdd, obj: s.object()})
 	}
 	for _, c := range d.Chains {
 		t.addChain(c, true)
 	}
-	t.sets = append(t.sets, op{opFlush, &knftables.Set{Name: setNodePortIPs}})
-	for _, e := range d.Elems {
-		t.adds = append(t.adds, op{opAdd, e.object(false)})
+	t.sets = append(t.sets, op{verb: opFlush, obj: &knftables.Set{Name: setNodePortIPs}})
+	for i := range d.Elems {
+		t.adds = append(t.adds, elemOp(opAdd, &d.Elems[i], false))
 	}
 	wantChains, wantSets := map[string]bool{}, map[string]bool{}
 	st.want = map[string]map[string]*elemRef{}
@@ -190,6 +188,11 @@ func (st *famState) fullOps(d *desired, t *txn) {
 	}
 	st.markStale(st.kChains, wantChains)
 	st.markStale(st.kSets, wantSets)
+	n := 0
+	for _, m := range st.want {
+		n += len(m)
+	}
+	t.adds = slices.Grow(t.adds, n) // 130k at 10k Services: avoid regrowing
 	for _, s := range sharedSets {
 		st.diffElems(s.Name, nil, t)
 	}
@@ -218,12 +221,13 @@ func (st *famState) ensureChain(c *chain, t *txn, rewrite bool) {
 func (st *famState) ensureSet(s *set, t *txn) {
 	delete(st.stale, s.Name)
 	if !st.kSets[s.Name] {
-		t.sets = append(t.sets, op{opAdd, s.object()})
+		t.sets = append(t.sets, op{verb: opAdd, obj: s.object()})
 	}
 }
 
 func (st *famState) addWant(elems []element) {
-	for _, e := range elems {
+	for i := range elems {
+		e := &elems[i]
 		m := st.want[e.Set]
 		if m == nil {
 			m = map[string]*elemRef{}
@@ -260,25 +264,29 @@ func (st *famState) diffElems(name string, keys map[string]bool, t *txn) {
 		_, present := have[k]
 		switch {
 		case w == nil && present:
-			t.dels = append(t.dels, op{opDelete, element{Set: name, Key: strings.Split(k, " . ")}.object(isMap)})
+			t.dels = append(t.dels, elemOp(opDelete, &element{Set: name, Key: strings.Split(k, " . ")}, isMap))
 		case w != nil && !present:
-			t.adds = append(t.adds, op{opAdd, w.e.object(isMap)})
+			t.adds = append(t.adds, elemOp(opAdd, w.e, isMap))
 		case w != nil && h != w.e.value():
-			t.dels = append(t.dels, op{opDelete, element{Set: name, Key: w.e.Key}.object(isMap)})
-			t.adds = append(t.adds, op{opAdd, w.e.object(isMap)})
+			t.dels = append(t.dels, elemOp(opDelete, &element{Set: name, Key: w.e.Key}, isMap))
+			t.adds = append(t.adds, elemOp(opAdd, w.e, isMap))
 		}
 	}
-	if keys == nil {
-		keys = make(map[string]bool, len(want)+len(have))
-		for k := range have {
-			keys[k] = true
+	if keys != nil {
+		for _, k := range slices.Sorted(maps.Keys(keys)) {
+			check(k)
 		}
-		for k := range want {
-			keys[k] = true
-		}
+		return
 	}
-	for _, k := range slices.Sorted(maps.Keys(keys)) {
+	// Every key: the wanted ones, then those only the kernel has (no
+	// union map: a full sync at 10k Services has 130k keys).
+	for _, k := range slices.Sorted(maps.Keys(want)) {
 		check(k)
+	}
+	for _, k := range slices.Sorted(maps.Keys(have)) {
+		if want[k] == nil {
+			check(k)
+		}
 	}
 }
 
@@ -299,7 +307,7 @@ func sortedIDs(m map[model.PortID]*portState) []model.PortID {
 // commit records a successful transaction in the kernel mirror.
 func (st *famState) commit(t *txn) {
 	st.valid, st.distrust = true, false
-	for _, o := range append(append([]op{}, t.sets...), t.chains...) {
+	for _, o := range slices.Concat(t.sets, t.chains) {
 		switch obj := o.obj.(type) {
 		case *knftables.Chain:
 			if isPortObject(obj.Name) {
@@ -312,19 +320,17 @@ func (st *famState) commit(t *txn) {
 		}
 	}
 	for _, o := range t.dels {
-		e := o.obj.(*knftables.Element)
-		delete(st.kElems[e.Set+e.Map], strings.Join(e.Key, " . "))
+		delete(st.kElems[o.elem.Set], o.elem.key())
 	}
 	for _, o := range t.adds {
-		e := o.obj.(*knftables.Element)
-		name := e.Set + e.Map
+		name := o.elem.Set
 		if name == setNodePortIPs {
 			continue
 		}
 		if st.kElems[name] == nil {
-			st.kElems[name] = map[string]string{}
+			st.kElems[name] = make(map[string]string, len(st.want[name]))
 		}
-		st.kElems[name][strings.Join(e.Key, " . ")] = strings.Join(e.Value, " ")
+		st.kElems[name][o.elem.key()] = o.elem.value()
 	}
 }
 
@@ -498,11 +504,7 @@ func (st *famState) readElems(ctx context.Context, s *set) error {
 	if err != nil {
 		return fmt.Errorf("listing elements of %s: %w", s.Name, err)
 	}
-	m := make(map[string]string, len(elems))
-	for _, e := range elems {
-		m[strings.Join(e.Key, " . ")] = strings.Join(e.Value, " ")
-	}
-	st.kElems[s.Name] = m
+	st.kElems[s.Name] = elems
 	return nil
 }
 
@@ -518,10 +520,10 @@ func (st *famState) deleteStale(ctx context.Context) {
 		delete(st.stale, name)
 		if st.kChains[name] {
 			delete(st.kChains, name)
-			chains = append(chains, op{opDelete, &knftables.Chain{Name: name}})
+			chains = append(chains, op{verb: opDelete, obj: &knftables.Chain{Name: name}})
 		} else if st.kSets[name] {
 			delete(st.kSets, name)
-			sets = append(sets, op{opDelete, &knftables.Set{Name: name}})
+			sets = append(sets, op{verb: opDelete, obj: &knftables.Set{Name: name}})
 		}
 	}
 	// Chains that refer to others (ext-, fw-) go before the ones they
@@ -529,7 +531,7 @@ func (st *famState) deleteStale(ctx context.Context) {
 	slices.SortFunc(chains, func(a, b op) int {
 		return chainRank(a.obj.(*knftables.Chain).Name) - chainRank(b.obj.(*knftables.Chain).Name)
 	})
-	if err := st.kern.Apply(ctx, append(chains, sets...)); err != nil {
+	if err := st.kern.Apply(ctx, opList{chains, sets}); err != nil {
 		klog.FromContext(ctx).Error(err, "Deleting stale nftables objects failed; the next sync re-reads the table", "family", st.fam)
 		st.valid = false
 	}

@@ -4,7 +4,11 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"slices"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -98,48 +102,109 @@ func BenchmarkIncrementalSync10k(b *testing.B) {
 }
 
 // TestPrivilegedScale loads n Services x 10 endpoints into a fresh
-// namespace and times the cold sync and single-endpoint changes. It runs
-// only with KPROXY_SCALE=1 (it takes a while at 10k).
+// namespace over netlink and reports: cold sync time and the process's
+// peak RSS during it, single-endpoint change latency (p50/p99 of 200),
+// Drifted cost (nothing committed since the last check, and after a
+// foreign commit), a new-chain change, and a restart sync. It runs only
+// with KPROXY_SCALE=1 (sizes: KPROXY_SCALE_SIZES, default "1000,10000").
 func TestPrivilegedScale(t *testing.T) {
 	if os.Getenv("KPROXY_SCALE") == "" {
 		t.Skip("set KPROXY_SCALE=1 to measure cold load and single-change latency")
 	}
-	for _, n := range []int{1000, 10000} {
-		t.Run(fmt.Sprint(n), func(t *testing.T) {
-			tn := newTestNet(t)
-			snap := scaleSnapshot(n, 10)
-			p, _ := New(privConfig())
-			start := time.Now()
-			tn.sync(p, snap, dataplane.SyncRequest{Full: true})
-			cold := time.Since(start)
-			var lat []time.Duration
-			for v := range 20 {
-				i := (v * 397) % n
-				snap = withChangedEndpoint(snap, i, v)
-				req := changed(snap, i)
-				s := time.Now()
-				tn.sync(p, snap, req)
-				lat = append(lat, time.Since(s))
+	sizes := []int{1000, 10000}
+	if env := os.Getenv("KPROXY_SCALE_SIZES"); env != "" {
+		sizes = nil
+		for _, f := range strings.Split(env, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil {
+				t.Fatal(err)
 			}
-			slices.Sort(lat)
-			t.Logf("%d Services x 10 endpoints: cold sync %v; one endpoint change p50 %v, max %v (of %d)", n, cold, lat[len(lat)/2], lat[len(lat)-1], len(lat))
-			var drifted bool
-			s0 := time.Now()
-			tn.in(tn.node, func() { drifted, _ = p.Drifted(context.Background()) })
-			t.Logf("%d Services: Drifted check %v (drifted=%v)", n, time.Since(s0), drifted)
-			// A new Service and a new endpoint count: new chains, so the
-			// kernel re-validates the table.
-			more := withChangedEndpoint(snap, 1, 999)
-			more.V4.Ports[1].Endpoints = more.V4.Ports[1].Endpoints[:5]
-			categorize(more.V4.Ports[1])
-			s0 = time.Now()
-			tn.sync(p, more, changed(more, 1))
-			t.Logf("%d Services: endpoint count change (new chain) %v", n, time.Since(s0))
-			snap = more
-			p2, _ := New(privConfig())
-			s := time.Now()
-			tn.sync(p2, snap, dataplane.SyncRequest{Full: true})
-			t.Logf("%d Services: restart sync (read table, reuse) %v", n, time.Since(s))
-		})
+			sizes = append(sizes, n)
+		}
 	}
+	for _, n := range sizes {
+		t.Run(fmt.Sprint(n), func(t *testing.T) { scaleRun(t, n) })
+	}
+}
+
+func scaleRun(t *testing.T, n int) {
+	tn := newTestNet(t)
+	for _, phase := range []string{"cold", "restart"} {
+		d, rss := scaleChild(t, tn.node, phase, n)
+		t.Logf("%d Services x 10 endpoints: %s sync %v in a fresh process; its peak RSS %d MiB (GOMEMLIMIT=%q)",
+			n, phase, d.Round(time.Millisecond), rss>>20, os.Getenv("GOMEMLIMIT"))
+	}
+	snap := scaleSnapshot(n, 10)
+	p, _ := New(privConfig())
+	start := time.Now()
+	tn.sync(p, snap, dataplane.SyncRequest{Full: true})
+	t.Logf("%d Services: restart sync in this process (read table, reuse) %v", n, time.Since(start).Round(time.Millisecond))
+	var lat []time.Duration
+	for v := range 200 {
+		i := (v * 397) % n
+		snap = withChangedEndpoint(snap, i, v)
+		req := changed(snap, i)
+		s := time.Now()
+		tn.sync(p, snap, req)
+		lat = append(lat, time.Since(s))
+	}
+	slices.Sort(lat)
+	t.Logf("%d Services: one endpoint change, Sync to kernel: p50 %v, p99 %v, max %v (of %d)", n,
+		lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1], len(lat))
+	drifted := func(label string) {
+		var d bool
+		var err error
+		s0 := time.Now()
+		tn.in(tn.node, func() { d, err = p.Drifted(context.Background()) })
+		if err != nil || d {
+			t.Fatalf("Drifted = %v, %v", d, err)
+		}
+		t.Logf("%d Services: Drifted %s: %v", n, label, time.Since(s0))
+	}
+	drifted("first check (by name)")
+	drifted("nothing committed since (generation only)")
+	run(t, "ip", "netns", "exec", tn.node, "nft", "add", "table", "ip", "someone-else")
+	drifted("after a foreign commit (by name)")
+	// A new endpoint count: a new chain, so the kernel re-validates the table.
+	more := withChangedEndpoint(snap, 1, 999)
+	more.V4.Ports[1].Endpoints = more.V4.Ports[1].Endpoints[:5]
+	categorize(more.V4.Ports[1])
+	s0 := time.Now()
+	tn.sync(p, more, changed(more, 1))
+	t.Logf("%d Services: endpoint count change (new chain) %v", n, time.Since(s0))
+}
+
+// scaleChild runs one full sync of scaleSnapshot(n, 10) in a child process
+// (so that its peak RSS is the sync's alone) inside namespace ns.
+func scaleChild(t *testing.T, ns, phase string, n int) (time.Duration, int) {
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestPrivilegedScaleChild$", "-test.v")
+	cmd.Env = append(os.Environ(), "KPROXY_SCALE_CHILD="+fmt.Sprintf("%s,%d,%s", phase, n, ns))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s child: %v\n%s", phase, err, out)
+	}
+	var ns64 int64
+	for _, l := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "SYNC_NS="); ok {
+			ns64, _ = strconv.ParseInt(v, 10, 64)
+		}
+	}
+	rss := int(cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss) << 10
+	return time.Duration(ns64), rss
+}
+
+// TestPrivilegedScaleChild is scaleChild's process: one full sync.
+func TestPrivilegedScaleChild(t *testing.T) {
+	env := os.Getenv("KPROXY_SCALE_CHILD")
+	if env == "" {
+		t.Skip("only run by TestPrivilegedScale")
+	}
+	f := strings.Split(env, ",")
+	n, _ := strconv.Atoi(f[1])
+	snap := scaleSnapshot(n, 10)
+	tn := &testNet{t: t, node: f[2]}
+	p, _ := New(privConfig())
+	start := time.Now()
+	tn.sync(p, snap, dataplane.SyncRequest{Full: true})
+	fmt.Printf("SYNC_NS=%d\n", time.Since(start).Nanoseconds())
 }

@@ -1,11 +1,9 @@
 package nftables
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"slices"
 	"strings"
 	"syscall"
@@ -27,20 +25,58 @@ const (
 // implementation (nft CLI, netlink) can consume.
 type op struct {
 	verb opVerb
-	obj  knftables.Object
+	obj  knftables.Object // nil for an element
+	// elem is an element of a set (isMap false) or map, kept in render's
+	// compact form: a 100k-element sync would otherwise hold 100k
+	// knftables objects.
+	elem  *element
+	isMap bool
 }
 
-// kernel is the backend's narrow view of one family's table in the kernel.
-// The knftables implementation below execs nft for transactions and uses
-// netlink for listing; a pure netlink implementation can replace it.
+// opList is a transaction's operations, in order, in parts.
+type opList [][]op
+
+func (l opList) len() int {
+	n := 0
+	for _, part := range l {
+		n += len(part)
+	}
+	return n
+}
+
+// all yields every operation in order.
+func (l opList) all(yield func(op) bool) {
+	for _, part := range l {
+		for _, o := range part {
+			if !yield(o) {
+				return
+			}
+		}
+	}
+}
+
+// elemOp is the op adding or deleting an element.
+func elemOp(verb opVerb, e *element, isMap bool) op { return op{verb: verb, elem: e, isMap: isMap} }
+
+// object returns the op's knftables object.
+func (o op) object() knftables.Object {
+	if o.obj == nil {
+		return o.elem.object(o.isMap)
+	}
+	return o.obj
+}
+
+// kernel is the backend's narrow view of one family's table in the kernel:
+// nlKernel (netlink, the default) or knftKernel (knftables, for the fake).
 type kernel interface {
 	// Apply runs ops as one atomic transaction.
-	Apply(ctx context.Context, ops []op) error
+	Apply(ctx context.Context, ops opList) error
 	// List returns the names of objects of a type ("chain", "set", "map")
 	// in the table; empty (no error) when the table does not exist.
 	List(ctx context.Context, objectType string) ([]string, error)
-	// ListElements returns the elements of a set or map.
-	ListElements(ctx context.Context, s *set) ([]*knftables.Element, error)
+	// ListElements returns the elements of a set or map as key -> value,
+	// formatted as render formats them (element.key(), element.value()).
+	ListElements(ctx context.Context, s *set) (map[string]string, error)
 	// RuleCount returns the number of rules in a chain.
 	RuleCount(ctx context.Context, chain string) (int, error)
 	// MissingChain returns the first of names that does not exist, or "".
@@ -50,110 +86,33 @@ type kernel interface {
 // NFTFactory opens the knftables interface of one family's table.
 type NFTFactory func(family knftables.Family, table string) (knftables.Interface, error)
 
-// defaultNFT opens the real nft-based implementation, listing names over
-// netlink (the nft CLI would list every rule of the table). It runs
-// `nft --check` to probe support, so it is called lazily, never from New.
-func defaultNFT(family knftables.Family, table string) (knftables.Interface, error) {
-	return knftables.New(family, table, knftables.UseNetlink)
-}
-
-// knftKernel implements kernel with a knftables.Interface (real or fake).
-// With a netlink reader (the real kernel), elements and rules are read over
-// netlink rather than through the nft CLI.
+// knftKernel implements kernel with a knftables.Interface: the fake in
+// tests (WithNFT), or the nft CLI if a caller passes knftables.New. The
+// default real kernel is nlKernel (netlink only).
 type knftKernel struct {
 	nft knftables.Interface
-	nl  *netlinkReader // nil: read and write through nft only
-	// sets are the shared sets and maps, for encoding netlink elements.
-	sets map[string]*set
-	// netlinkBatches counts transactions sent over netlink (for tests).
-	netlinkBatches int
 }
 
-// Apply sends ops over netlink when every op translates (incremental
-// syncs), else through the nft CLI (full syncs, affinity, firewall rules).
-func (k *knftKernel) Apply(ctx context.Context, ops []op) error {
-	if len(ops) == 0 {
+// Apply runs ops as one knftables transaction.
+func (k *knftKernel) Apply(ctx context.Context, ops opList) error {
+	if ops.len() == 0 {
 		return nil
 	}
-	if k.nl != nil {
-		err := k.nl.apply(ops, k.sets)
-		if !errors.Is(err, errNoNetlink) {
-			if err != nil {
-				return fmt.Errorf("sending netlink batch of %d operations: %w", len(ops), err)
-			}
-			k.netlinkBatches++
-			return nil
-		}
-	}
 	tx := k.nft.NewTransaction()
-	if k.nl != nil {
-		return runGrouped(ctx, tx, ops)
-	}
-	addOps(tx, ops)
-	if err := k.nft.Run(ctx, tx); err != nil {
-		return fmt.Errorf("running nftables transaction of %d operations: %w", len(ops), err)
-	}
-	return nil
-}
-
-// addOps fills tx with ops.
-func addOps(tx *knftables.Transaction, ops []op) {
-	for _, o := range ops {
+	for o := range ops.all {
 		switch o.verb {
 		case opAdd:
-			tx.Add(o.obj)
+			tx.Add(o.object())
 		case opFlush:
-			tx.Flush(o.obj)
+			tx.Flush(o.object())
 		case opDelete:
-			tx.Delete(o.obj)
+			tx.Delete(o.object())
 		}
 	}
-}
-
-// runGrouped runs the transaction through `nft -f -` itself, with runs of
-// element additions to one set merged into one command: knftables writes
-// one command per element, and nft parses 100k commands a second slower
-// than one list. The process runs in the calling thread's namespace.
-func runGrouped(ctx context.Context, tx *knftables.Transaction, ops []op) error {
-	addOps(tx, ops)
-	text := groupElements(tx.String())
-	cmd := exec.CommandContext(ctx, "nft", "-f", "-")
-	cmd.Stdin = strings.NewReader(text)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("running nft -f of %d operations: %w: %s", len(ops), err, strings.TrimSpace(stderr.String()))
+	if err := k.nft.Run(ctx, tx); err != nil {
+		return fmt.Errorf("running nftables transaction of %d operations: %w", ops.len(), err)
 	}
 	return nil
-}
-
-// groupElements merges consecutive "add element FAM TABLE SET { X }" lines
-// for the same set into "add element FAM TABLE SET { X, Y, ... }".
-func groupElements(text string) string {
-	var out strings.Builder
-	var prefix string
-	var items []string
-	flushRun := func() {
-		if prefix != "" {
-			out.WriteString(prefix + " { " + strings.Join(items, ", ") + " }\n")
-		}
-		prefix, items = "", items[:0]
-	}
-	for _, line := range strings.Split(strings.TrimSuffix(text, "\n"), "\n") {
-		i := strings.Index(line, " { ")
-		if strings.HasPrefix(line, "add element ") && i > 0 && strings.HasSuffix(line, " }") {
-			if line[:i] != prefix {
-				flushRun()
-				prefix = line[:i]
-			}
-			items = append(items, line[i+3:len(line)-2])
-			continue
-		}
-		flushRun()
-		out.WriteString(line + "\n")
-	}
-	flushRun()
-	return out.String()
 }
 
 func (k *knftKernel) List(ctx context.Context, objectType string) ([]string, error) {
@@ -164,21 +123,23 @@ func (k *knftKernel) List(ctx context.Context, objectType string) ([]string, err
 	return names, err
 }
 
-func (k *knftKernel) ListElements(ctx context.Context, s *set) ([]*knftables.Element, error) {
-	if k.nl != nil {
-		return k.nl.elements(s)
-	}
+func (k *knftKernel) ListElements(ctx context.Context, s *set) (map[string]string, error) {
 	typ := "set"
 	if s.IsMap {
 		typ = "map"
 	}
-	return k.nft.ListElements(ctx, typ, s.Name)
+	elems, err := k.nft.ListElements(ctx, typ, s.Name)
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[string]string, len(elems))
+	for _, e := range elems {
+		m[strings.Join(e.Key, " . ")] = strings.Join(e.Value, " ")
+	}
+	return m, nil
 }
 
 func (k *knftKernel) MissingChain(ctx context.Context, names []string) (string, error) {
-	if k.nl != nil {
-		return k.nl.missingChain(names)
-	}
 	have, err := k.List(ctx, "chain")
 	if err != nil {
 		return "", err
@@ -192,9 +153,6 @@ func (k *knftKernel) MissingChain(ctx context.Context, names []string) (string, 
 }
 
 func (k *knftKernel) RuleCount(ctx context.Context, chain string) (int, error) {
-	if k.nl != nil {
-		return k.nl.ruleCount(chain)
-	}
 	rules, err := k.nft.ListRules(ctx, chain)
 	return len(rules), err
 }

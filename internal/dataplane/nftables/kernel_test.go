@@ -2,23 +2,6 @@ package nftables
 
 import "testing"
 
-func TestGroupElements(t *testing.T) {
-	in := "add table ip kproxy\n" +
-		"add element ip kproxy cluster-ips { 198.19.0.1 }\n" +
-		"add element ip kproxy cluster-ips { 198.19.0.2 }\n" +
-		"add element ip kproxy service-ips { 198.19.0.1 . tcp . 80 : goto svc-A-ns/a/tcp/ }\n" +
-		"delete element ip kproxy cluster-ips { 198.19.0.3 }\n" +
-		"add element ip kproxy cluster-ips { 198.19.0.4 }\n"
-	want := "add table ip kproxy\n" +
-		"add element ip kproxy cluster-ips { 198.19.0.1, 198.19.0.2 }\n" +
-		"add element ip kproxy service-ips { 198.19.0.1 . tcp . 80 : goto svc-A-ns/a/tcp/ }\n" +
-		"delete element ip kproxy cluster-ips { 198.19.0.3 }\n" +
-		"add element ip kproxy cluster-ips { 198.19.0.4 }\n"
-	if got := groupElements(in); got != want {
-		t.Errorf("got\n%s\nwant\n%s", got, want)
-	}
-}
-
 func TestSlotAlloc(t *testing.T) {
 	a := newSlotAlloc()
 	b1 := a.get("svc a", 3) // size 4

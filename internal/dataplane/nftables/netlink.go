@@ -9,7 +9,6 @@ import (
 
 	gnftables "github.com/google/nftables"
 	"github.com/google/nftables/expr"
-	"sigs.k8s.io/knftables"
 
 	"github.com/kproxy/kproxy/internal/model"
 )
@@ -58,47 +57,12 @@ func (n *netlinkReader) missingChain(names []string) (string, error) {
 	return "", nil
 }
 
-// elements returns the elements of s, with keys and verdicts formatted as
-// render formats them.
-func (n *netlinkReader) elements(s *set) ([]*knftables.Element, error) {
-	conn, err := gnftables.New()
-	if err != nil {
-		return nil, err
-	}
-	raw, err := conn.GetSetElements(&gnftables.Set{Table: n.table, Name: s.Name, IsMap: s.IsMap})
-	if err != nil {
-		return nil, err
-	}
-	fields, dataFields := s.fields()
-	out := make([]*knftables.Element, 0, len(raw))
-	for _, r := range raw {
-		key, err := decodeKey(fields, r.Key)
-		if err != nil {
-			return nil, fmt.Errorf("element of %s: %w", s.Name, err)
-		}
-		e := &knftables.Element{Key: key}
-		if len(dataFields) > 0 && dataFields[0] != "verdict" {
-			if e.Value, err = decodeKey(dataFields, r.Val); err != nil {
-				return nil, fmt.Errorf("element of %s: %w", s.Name, err)
-			}
-		} else if s.IsMap {
-			v, err := decodeVerdict(r.Val)
-			if err != nil {
-				return nil, fmt.Errorf("element of %s: %w", s.Name, err)
-			}
-			e.Value = []string{v}
-		}
-		out = append(out, e)
-	}
-	return out, nil
-}
-
 // decodeKey splits a concatenated key: each field takes its size rounded up
 // to 4 bytes (one netfilter register).
 func decodeKey(fields []string, b []byte) ([]string, error) {
 	var out []string
 	for _, f := range fields {
-		size := map[string]int{"ipv4_addr": 4, "ipv6_addr": 16, "inet_proto": 1, "inet_service": 2, "numgen": 4}[f]
+		size := int(fieldTypes[f].size)
 		if size == 0 || len(b) < size {
 			return nil, fmt.Errorf("cannot decode %s from %d bytes", f, len(b))
 		}
@@ -107,6 +71,8 @@ func decodeKey(fields []string, b []byte) ([]string, error) {
 	}
 	return out, nil
 }
+
+var protoNames = map[byte]string{6: "tcp", 17: "udp", 132: "sctp"}
 
 func formatField(f string, b []byte) string {
 	switch f {
@@ -117,7 +83,7 @@ func formatField(f string, b []byte) string {
 	case "numgen":
 		return strconv.FormatUint(uint64(binary.NativeEndian.Uint32(b)), 10)
 	case "inet_proto":
-		if name, ok := map[byte]string{6: "tcp", 17: "udp", 132: "sctp"}[b[0]]; ok {
+		if name, ok := protoNames[b[0]]; ok {
 			return name
 		}
 		return strconv.Itoa(int(b[0]))

@@ -5,141 +5,238 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
-	gnftables "github.com/google/nftables"
-	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 )
 
 // errNoNetlink means a transaction holds something the netlink path does
-// not translate (table, set definitions, base chains, affinity or firewall
-// rules); the caller then uses the nft CLI.
+// not translate; the caller then uses the nft CLI. Every rule and object
+// render produces translates, so this is a safety net, not a normal path.
 var errNoNetlink = errors.New("not translatable to netlink")
 
-// netlinkApply sends ops as one netlink batch (atomic, like nft -f) without
-// the nft CLI, whose cache fetch costs tens of milliseconds per call at 10k
-// Services. It handles the operations of incremental syncs: regular chains,
-// endpoint/external chain rules, and elements of the shared sets and maps.
-// It returns errNoNetlink, before sending anything, for anything else.
-func (n *netlinkReader) apply(ops []op, sets map[string]*set) error {
-	conn, err := gnftables.New()
-	if err != nil {
-		return err
+// nlTxn translates the ops of one transaction into an nlBatch.
+type nlTxn struct {
+	n    *netlinkReader
+	b    *nlBatch
+	sets map[string]*set
+	// w is the open element list (consecutive element ops of one set and
+	// verb share messages); wKey identifies it.
+	w    *elemWriter
+	wKey string
+	// scratch and elems hold the encoding of the current element.
+	scratch []byte
+	elems   [2]nlElem
+}
+
+// apply sends ops as one netlink batch: atomic, like nft -f, without the
+// CLI's parsing and cache fetch. It returns errNoNetlink, before sending
+// anything, when an op does not translate.
+func (n *netlinkReader) apply(ops opList, sets map[string]*set) error {
+	fam := byte(unix.NFPROTO_IPV4)
+	if n.v6() {
+		fam = unix.NFPROTO_IPV6
 	}
-	tb := n.table
-	for _, o := range ops {
-		if err := n.queue(conn, tb, o, sets); err != nil {
+	// About 60 bytes per operation at 10k Services (mostly elements).
+	t := &nlTxn{n: n, b: newNLBatch(fam, n.table.Name, 64*ops.len()+4096), sets: sets}
+	for o := range ops.all {
+		if err := t.queue(o); err != nil {
 			return err
 		}
 	}
-	return conn.Flush()
+	t.closeElems()
+	return t.b.send()
 }
 
-func (n *netlinkReader) queue(conn *gnftables.Conn, tb *gnftables.Table, o op, sets map[string]*set) error {
-	switch obj := o.obj.(type) {
-	case *knftables.Chain:
-		if obj.Hook != nil {
-			return errNoNetlink
-		}
-		c := &gnftables.Chain{Name: obj.Name, Table: tb}
-		switch o.verb {
-		case opAdd:
-			conn.AddChain(c)
-		case opFlush:
-			conn.FlushChain(c)
-		case opDelete:
-			conn.DelChain(c)
-		}
-		return nil
-	case *knftables.Rule:
-		exprs, err := n.ruleExprs(obj.Rule)
-		if err != nil || o.verb != opAdd {
-			return errNoNetlink
-		}
-		conn.AddRule(&gnftables.Rule{Table: tb, Chain: &gnftables.Chain{Name: obj.Chain, Table: tb}, Exprs: exprs})
-		return nil
-	case *knftables.Set:
-		if o.verb != opDelete {
-			return errNoNetlink
-		}
-		conn.DelSet(&gnftables.Set{Name: obj.Name, Table: tb})
-		return nil
-	case *knftables.Element:
-		return n.queueElement(conn, tb, o.verb, obj, sets)
+func (t *nlTxn) closeElems() {
+	if t.w != nil {
+		t.w.close()
+		t.w, t.wKey = nil, ""
 	}
-	return errNoNetlink
 }
 
-func (n *netlinkReader) queueElement(conn *gnftables.Conn, tb *gnftables.Table, verb opVerb, e *knftables.Element, sets map[string]*set) error {
-	s := sets[e.Set+e.Map]
-	if s == nil || s.Name == setNodePortIPs {
+func (t *nlTxn) queue(o op) error {
+	if o.obj == nil {
+		return t.element(o.verb, *o.elem)
+	}
+	t.closeElems()
+	switch obj := o.obj.(type) {
+	case *knftables.Table:
+		if o.verb != opAdd {
+			return errNoNetlink
+		}
+		t.b.addTable(deref(obj.Comment))
+	case *knftables.Chain:
+		return t.chain(o.verb, obj)
+	case *knftables.Rule:
+		return t.rule(o.verb, obj)
+	case *knftables.Set:
+		return t.set(o.verb, obj.Name, &set{Name: obj.Name, Type: obj.Type, TypeOf: obj.TypeOf, Flags: obj.Flags,
+			Timeout: deref(obj.Timeout), Comment: deref(obj.Comment)})
+	case *knftables.Map:
+		return t.set(o.verb, obj.Name, &set{Name: obj.Name, IsMap: true, Type: obj.Type, TypeOf: obj.TypeOf, Flags: obj.Flags,
+			Timeout: deref(obj.Timeout), Comment: deref(obj.Comment)})
+	default:
 		return errNoNetlink
 	}
-	fields, dataFields := s.fields()
-	key, err := encodeKey(fields, e.Key)
+	return nil
+}
+
+func (t *nlTxn) chain(verb opVerb, c *knftables.Chain) error {
+	switch verb {
+	case opAdd:
+		return t.b.addChain(c)
+	case opFlush:
+		t.b.flushChain(c.Name)
+	case opDelete:
+		t.b.delChain(c.Name)
+	}
+	return nil
+}
+
+func (t *nlTxn) rule(verb opVerb, r *knftables.Rule) error {
+	if verb != opAdd {
+		return errNoNetlink
+	}
+	rules, err := t.n.ruleExprs(r.Rule)
 	if err != nil {
 		return errNoNetlink
 	}
-	el := gnftables.SetElement{Key: key}
-	if len(dataFields) > 0 && dataFields[0] != "verdict" {
-		if verb == opAdd {
-			if el.Val, err = encodeKey(dataFields, e.Value); err != nil {
-				return errNoNetlink
+	for _, exprs := range rules {
+		if err := t.b.addRule(r.Chain, r.Rule, exprs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (t *nlTxn) set(verb opVerb, name string, s *set) error {
+	switch verb {
+	case opAdd:
+		if err := t.b.addSet(s); err != nil {
+			return errors.Join(errNoNetlink, err)
+		}
+	case opFlush:
+		t.b.flushSet(name)
+	case opDelete:
+		t.b.delSet(name)
+	}
+	return nil
+}
+
+func (t *nlTxn) element(verb opVerb, e element) error {
+	if verb == opFlush {
+		return errNoNetlink
+	}
+	name := e.Set
+	s := t.sets[name]
+	if s == nil {
+		return errNoNetlink
+	}
+	if t.scratch == nil {
+		t.scratch = make([]byte, 0, 256)
+	}
+	elems, err := encodeElem(t.elems[:0], t.scratch[:0], s, verb, e)
+	if err != nil {
+		return errNoNetlink
+	}
+	key := name + "\x00" + strconv.Itoa(int(verb))
+	if t.wKey != key {
+		t.closeElems()
+		t.w, t.wKey = t.b.elements(name, verb == opDelete), key
+	}
+	for _, el := range elems {
+		t.w.add(el)
+	}
+	return nil
+}
+
+// encodeElem encodes an element of s; a prefix in an interval set is two.
+// The encoded bytes are appended to scratch (the caller copies them).
+func encodeElem(dst []nlElem, scratch []byte, s *set, verb opVerb, e element) ([]nlElem, error) {
+	fields, dataFields := s.fields()
+	if slices.Contains(s.Flags, knftables.IntervalFlag) {
+		p, err := netip.ParsePrefix(e.Key[0])
+		if err != nil {
+			a, err2 := netip.ParseAddr(e.Key[0])
+			if err2 != nil {
+				return nil, err
 			}
+			p = netip.PrefixFrom(a, a.BitLen())
 		}
-	} else if s.IsMap && verb == opAdd {
-		if el.VerdictData, err = parseVerdict(strings.Join(e.Value, " ")); err != nil {
-			return errNoNetlink
-		}
+		return append(dst, intervalElems(p)...), nil
 	}
-	gs := &gnftables.Set{Name: s.Name, Table: tb, IsMap: s.IsMap}
-	if verb == opDelete {
-		return conn.SetDeleteElements(gs, []gnftables.SetElement{el})
+	key, err := appendKey(scratch, fields, e.Key)
+	if err != nil {
+		return nil, err
 	}
-	return conn.SetAddElements(gs, []gnftables.SetElement{el})
+	el := nlElem{key: key}
+	switch {
+	case verb == opDelete || !s.IsMap:
+	case dataFields[0] != "verdict":
+		el.data, err = appendKey(key[len(key):], dataFields, e.Value)
+	default:
+		el.verdict, err = parseVerdict(strings.Join(e.Value, " "))
+	}
+	return append(dst, el), err
+}
+
+// deref returns *p, or the zero value for nil.
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
 }
 
 // encodeKey is the inverse of decodeKey.
-func encodeKey(fields, key []string) ([]byte, error) {
+func encodeKey(fields, key []string) ([]byte, error) { return appendKey(nil, fields, key) }
+
+// appendKey appends the encoding of key to out.
+func appendKey(out []byte, fields, key []string) ([]byte, error) {
 	if len(fields) != len(key) {
 		return nil, fmt.Errorf("key %v does not match type %v", key, fields)
 	}
-	var out []byte
 	for i, f := range fields {
-		var b []byte
 		switch f {
 		case "ipv4_addr", "ipv6_addr":
 			a, err := netip.ParseAddr(key[i])
 			if err != nil {
 				return nil, err
 			}
-			b = a.AsSlice()
+			if a.Is4() {
+				b := a.As4()
+				out = append(out, b[:]...)
+			} else {
+				b := a.As16()
+				out = append(out, b[:]...)
+			}
 		case "inet_proto":
 			p, ok := protoNumbers[key[i]]
 			if !ok {
 				return nil, fmt.Errorf("unknown protocol %q", key[i])
 			}
-			b = []byte{p}
+			out = append(out, p)
 		case "numgen":
 			v, err := strconv.ParseUint(key[i], 10, 32)
 			if err != nil {
 				return nil, err
 			}
-			b = binary.NativeEndian.AppendUint32(nil, uint32(v))
+			out = binary.NativeEndian.AppendUint32(out, uint32(v))
 		case "inet_service":
 			v, err := strconv.ParseUint(key[i], 10, 16)
 			if err != nil {
 				return nil, err
 			}
-			b = binary.BigEndian.AppendUint16(nil, uint16(v))
+			out = binary.BigEndian.AppendUint16(out, uint16(v))
 		default:
 			return nil, fmt.Errorf("unknown type %q", f)
 		}
-		out = append(out, b...)
 		for len(out)%4 != 0 {
 			out = append(out, 0)
 		}
@@ -162,172 +259,4 @@ func parseVerdict(v string) (*expr.Verdict, error) {
 		return &expr.Verdict{Kind: expr.VerdictAccept}, nil
 	}
 	return nil, fmt.Errorf("verdict %q", v)
-}
-
-// ruleExprs translates the rule vocabulary of endpoint and external chains
-// into expressions equivalent to what nft generates for the same text.
-func (n *netlinkReader) ruleExprs(rule string) ([]expr.Any, error) {
-	toks := strings.Fields(rule)
-	var out []expr.Any
-	for len(toks) > 0 {
-		exprs, used, err := n.stmt(toks)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, exprs...)
-		toks = toks[used:]
-	}
-	return out, nil
-}
-
-func cmpReg(op expr.CmpOp, data []byte) *expr.Cmp { return &expr.Cmp{Op: op, Register: 1, Data: data} }
-
-func (n *netlinkReader) stmt(t []string) ([]expr.Any, int, error) {
-	at := func(i int) string {
-		if i < len(t) {
-			return t[i]
-		}
-		return ""
-	}
-	switch {
-	case at(0) == "numgen" && at(1) == "random" && at(2) == "mod" && at(4) == "0":
-		m, err := strconv.ParseUint(at(3), 10, 32)
-		if err != nil {
-			return nil, 0, err
-		}
-		return []expr.Any{&expr.Numgen{Register: 1, Modulus: uint32(m), Type: unix.NFT_NG_RANDOM},
-			cmpReg(expr.CmpOpEq, make([]byte, 4))}, 5, nil
-	case at(0) == "meta" && at(1) == "l4proto":
-		p, ok := protoNumbers[at(2)]
-		if !ok {
-			return nil, 0, errNoNetlink
-		}
-		return []expr.Any{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, cmpReg(expr.CmpOpEq, []byte{p})}, 3, nil
-	case at(0) == "dnat" && at(1) == "to":
-		return n.dnat(at(2))
-	case at(0) == "dnat" && at(2) == "to" && at(3) == "numgen" && at(5) == "mod" && at(7) == "offset" && at(9) == "map":
-		return n.mappedDNAT(at(6), at(8), at(10))
-	case at(0) == "goto" && at(1) != "":
-		return []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: at(1)}}, 2, nil
-	case at(0) == "fib" && at(1) == "saddr" && at(2) == "type" && at(3) == "local":
-		return []expr.Any{&expr.Fib{Register: 1, FlagSADDR: true, ResultADDRTYPE: true},
-			cmpReg(expr.CmpOpEq, binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL))}, 4, nil
-	case at(0) == "mark" && at(1) == "set" && at(2) == "mark" && at(3) == "or":
-		return markOr(at(4))
-	case at(0) == "iifname":
-		return iifname(t)
-	case (at(0) == "ip" || at(0) == "ip6") && at(1) == "saddr":
-		return n.saddr(t)
-	}
-	return nil, 0, errNoNetlink
-}
-
-func (n *netlinkReader) dnat(target string) ([]expr.Any, int, error) {
-	ap, err := netip.ParseAddrPort(target)
-	if err != nil {
-		return nil, 0, errNoNetlink
-	}
-	fam := uint32(unix.NFPROTO_IPV4)
-	if n.table.Family == gnftables.TableFamilyIPv6 {
-		fam = unix.NFPROTO_IPV6
-	}
-	return []expr.Any{
-		&expr.Immediate{Register: 1, Data: ap.Addr().AsSlice()},
-		&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(ap.Port())},
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam, RegAddrMin: 1, RegProtoMin: 2, Specified: true},
-	}, 3, nil
-}
-
-// mappedDNAT is `dnat ip to numgen random mod M offset B map @endpoints`:
-// the map's data (address . port) fills a register pair.
-func (n *netlinkReader) mappedDNAT(mod, offset, setRef string) ([]expr.Any, int, error) {
-	m, err1 := strconv.ParseUint(mod, 10, 32)
-	b, err2 := strconv.ParseUint(offset, 10, 32)
-	if err1 != nil || err2 != nil || !strings.HasPrefix(setRef, "@") {
-		return nil, 0, errNoNetlink
-	}
-	fam, protoReg := uint32(unix.NFPROTO_IPV4), uint32(unix.NFT_REG32_01)
-	if n.table.Family == gnftables.TableFamilyIPv6 {
-		fam, protoReg = unix.NFPROTO_IPV6, unix.NFT_REG32_04
-	}
-	return []expr.Any{
-		&expr.Numgen{Register: 1, Modulus: uint32(m), Type: unix.NFT_NG_RANDOM, Offset: uint32(b)},
-		&expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true, SetName: setRef[1:]},
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam, RegAddrMin: 1, RegProtoMin: protoReg},
-	}, 11, nil
-}
-
-func markOr(val string) ([]expr.Any, int, error) {
-	v, err := strconv.ParseUint(val, 0, 32)
-	if err != nil {
-		return nil, 0, errNoNetlink
-	}
-	return []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
-			Mask: binaryutil.NativeEndian.PutUint32(^uint32(v)), Xor: binaryutil.NativeEndian.PutUint32(uint32(v))},
-		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
-	}, 5, nil
-}
-
-// iifname handles `iifname [!=] "name"` and the prefix form "name*".
-func iifname(t []string) ([]expr.Any, int, error) {
-	op, i := expr.CmpOpEq, 1
-	if len(t) > 1 && t[1] == "!=" {
-		op, i = expr.CmpOpNeq, 2
-	}
-	if len(t) <= i {
-		return nil, 0, errNoNetlink
-	}
-	name := strings.Trim(t[i], `"`)
-	var data []byte
-	if p, ok := strings.CutSuffix(name, "*"); ok {
-		data = []byte(p)
-	} else {
-		if len(name) >= unix.IFNAMSIZ {
-			return nil, 0, errNoNetlink
-		}
-		data = make([]byte, unix.IFNAMSIZ)
-		copy(data, name)
-	}
-	return []expr.Any{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1}, cmpReg(op, data)}, i + 1, nil
-}
-
-// saddr handles `ip saddr [!=] CIDR-or-address`.
-func (n *netlinkReader) saddr(t []string) ([]expr.Any, int, error) {
-	op, i := expr.CmpOpEq, 2
-	if len(t) > 2 && t[2] == "!=" {
-		op, i = expr.CmpOpNeq, 3
-	}
-	if len(t) <= i {
-		return nil, 0, errNoNetlink
-	}
-	p, err := netip.ParsePrefix(t[i])
-	if err != nil {
-		a, err2 := netip.ParseAddr(t[i])
-		if err2 != nil {
-			return nil, 0, errNoNetlink
-		}
-		p = netip.PrefixFrom(a, a.BitLen())
-	}
-	p = p.Masked()
-	off, size := uint32(12), uint32(4)
-	if p.Addr().Is6() {
-		off, size = 8, 16
-	}
-	out := []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: size}}
-	if p.Bits() < p.Addr().BitLen() {
-		mask := netip.PrefixFrom(p.Addr(), p.Bits())
-		out = append(out, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: size,
-			Mask: prefixMask(mask), Xor: make([]byte, size)})
-	}
-	return append(out, cmpReg(op, p.Addr().AsSlice())), i + 1, nil
-}
-
-func prefixMask(p netip.Prefix) []byte {
-	b := make([]byte, p.Addr().BitLen()/8)
-	for i := 0; i < p.Bits(); i++ {
-		b[i/8] |= 0x80 >> (i % 8)
-	}
-	return b
 }

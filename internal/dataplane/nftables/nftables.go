@@ -31,12 +31,15 @@ type Proxier struct {
 	cfg   dataplane.Config
 	table string
 	nft   NFTFactory
-	// netlink reads elements and rules over netlink (real kernel only).
+	// netlink selects the real kernel over netlink (nlKernel); WithNFT
+	// replaces it with a knftables implementation.
 	netlink bool
 	clock   clock.PassiveClock
 
 	mu   sync.Mutex
 	fams map[model.Family]*famState
+	// gen tracks the ruleset generation for Drifted (netlink only).
+	gen *genTracker
 	// upstreamGone is set once upstream kube-proxy's tables were removed.
 	upstreamGone bool
 }
@@ -49,9 +52,9 @@ var (
 // Option customises a Proxier.
 type Option func(*Proxier)
 
-// WithNFT replaces how the knftables interface of a table is opened
-// (default: knftables.New, which uses the nft binary). Tests pass a function
-// returning knftables.NewFake.
+// WithNFT makes the Proxier program tables through knftables interfaces
+// opened by f instead of its own netlink batches (the default, which never
+// runs the nft binary). Tests pass a function returning knftables.NewFake.
 func WithNFT(f NFTFactory) Option { return func(p *Proxier) { p.nft, p.netlink = f, false } }
 
 // WithClock sets the clock used to age stale chains (default: real clock).
@@ -63,7 +66,7 @@ func New(cfg dataplane.Config, opts ...Option) (*Proxier, error) {
 	if cfg.MasqueradeBit < 0 || cfg.MasqueradeBit > 31 {
 		return nil, fmt.Errorf("masqueradeBit %d is not in 0-31", cfg.MasqueradeBit)
 	}
-	p := &Proxier{cfg: cfg, table: cfg.TableName, nft: defaultNFT, netlink: true, clock: clock.RealClock{}, fams: map[model.Family]*famState{}}
+	p := &Proxier{cfg: cfg, table: cfg.TableName, netlink: true, gen: &genTracker{}, clock: clock.RealClock{}, fams: map[model.Family]*famState{}}
 	if p.table == "" {
 		p.table = DefaultTableName
 	}
@@ -91,17 +94,15 @@ func (p *Proxier) family(f model.Family) (*famState, error) {
 	if st := p.fams[f]; st != nil {
 		return st, nil
 	}
-	nft, err := p.nft(nftFamily(f), p.table)
-	if err != nil {
-		return nil, fmt.Errorf("opening nftables %s table %q: %w", nftFamily(f), p.table, err)
-	}
-	k := &knftKernel{nft: nft}
+	var k kernel
 	if p.netlink {
-		k.nl = newNetlinkReader(f, p.table)
-		k.sets = map[string]*set{}
-		for _, s := range newRenderer(dataplane.Config{}, f, model.NodeInfo{}).fixedSets() {
-			k.sets[s.Name] = s
+		k = newNLKernel(f, p.table, p.gen)
+	} else {
+		nft, err := p.nft(nftFamily(f), p.table)
+		if err != nil {
+			return nil, fmt.Errorf("opening nftables %s table %q: %w", nftFamily(f), p.table, err)
 		}
+		k = &knftKernel{nft: nft}
 	}
 	st := newFamState(f, k)
 	p.fams[f] = st
@@ -144,12 +145,24 @@ func (p *Proxier) removeUpstream(ctx context.Context) {
 	p.upstreamGone = true
 }
 
-// Drifted implements dataplane.Dataplane: it checks that every fixed chain
-// exists and that two dispatch chains still hold their rules, asking for
-// each by name over netlink (never listing the table).
+// Drifted implements dataplane.Dataplane. Over netlink it first compares
+// the ruleset generation with the one at which the tables were last known
+// intact (~0.1 ms); only if someone committed since does it check that
+// every fixed chain exists and that two dispatch chains still hold their
+// rules, asking for each by name (never listing the table; ~4 ms at 10k).
 func (p *Proxier) Drifted(ctx context.Context) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	var gen uint32
+	if p.netlink {
+		// One round trip: if nobody committed anything since the tables
+		// were last known intact, nothing can have changed.
+		unchanged, cur, err := p.gen.unchanged()
+		if err == nil && unchanged {
+			return false, nil
+		}
+		gen = cur
+	}
 	for _, f := range p.cfg.Families {
 		st := p.fams[f]
 		if st == nil || !st.valid {
@@ -165,9 +178,12 @@ func (p *Proxier) Drifted(ctx context.Context) (bool, error) {
 			return true, nil
 		}
 	}
+	p.gen.verified = gen
 	return false, nil
 }
 
+// drifted checks one family's table by asking for each fixed chain by name
+// and counting the rules of two canary chains, never listing the table.
 func (st *famState) drifted(ctx context.Context) (bool, error) {
 	names := make([]string, len(st.cur.Chains))
 	for i, c := range st.cur.Chains {
@@ -206,6 +222,12 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 }
 
 func (p *Proxier) deleteTable(ctx context.Context, f model.Family, table string) error {
+	if p.netlink {
+		if err := newNetlinkReader(f, table).deleteTable(table); err != nil {
+			return fmt.Errorf("deleting nftables table %s %s: %w", nftFamily(f), table, err)
+		}
+		return nil
+	}
 	nft, err := p.nft(nftFamily(f), table)
 	if err != nil {
 		klog.FromContext(ctx).V(2).Info("nftables not usable; nothing to clean up", "family", f, "err", err)
@@ -238,9 +260,9 @@ func renderText(d *desired, table string) string {
 	var t txn
 	st.fullOps(d, &t)
 	tx := knftables.NewFake(nftFamily(d.Family), table).NewTransaction()
-	for _, o := range t.ops() {
+	for o := range t.ops().all {
 		if o.verb == opAdd {
-			tx.Add(o.obj)
+			tx.Add(o.object())
 		}
 	}
 	return tx.String()

@@ -146,7 +146,26 @@ func nodePortRange(cfg dataplane.Config, fam model.Family, nodeIP netip.Addr) (b
 		}
 		cidrs = append(cidrs, p.Masked())
 	}
-	return false, cidrs
+	return false, outermost(cidrs)
+}
+
+// outermost drops prefixes inside (or equal to) another one: the elements
+// of an interval set must not overlap.
+func outermost(cidrs []netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	for i, p := range cidrs {
+		inside := false
+		for j, o := range cidrs {
+			if i != j && o.Bits() <= p.Bits() && o.Contains(p.Addr()) && (o.Bits() < p.Bits() || j < i) {
+				inside = true
+				break
+			}
+		}
+		if !inside {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // render returns the complete desired state of one family's table.
@@ -172,8 +191,10 @@ func (r *renderer) fixed() *desired {
 		&chain{Name: chainFirewallCheck, Rules: []string{r.dstTuple() + " vmap @" + mapFirewallIPs}},
 		&chain{Name: chainServiceEPCheck, Rules: []string{r.dstTuple() + " vmap @" + mapNoEndpointServices}},
 		&chain{Name: chainNodePortEPCheck, Rules: r.nodePortRules(mapNoEndpointNodePort)},
-		&chain{Name: chainClusterIPsCheck, Rules: []string{r.ipX + " daddr @" + setClusterIPs + " reject"}},
-		&chain{Name: chainReject, Rules: []string{"reject"}},
+		&chain{Name: chainClusterIPsCheck, Rules: []string{r.ipX + " daddr @" + setClusterIPs + " goto " + chainReject}},
+		// TCP gets a reset: a Linux client acts on an ICMPv6 unreachable
+		// only at its first SYN retransmit (~1 s), on a reset at once.
+		&chain{Name: chainReject, Rules: []string{"meta l4proto tcp reject with tcp reset", "reject"}},
 	)
 	for _, c := range r.nodePortCIDRs {
 		d.Elems = append(d.Elems, element{Set: setNodePortIPs, Key: []string{c.String()}})

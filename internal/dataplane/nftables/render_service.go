@@ -122,8 +122,9 @@ func (r *renderer) mappedChain(c *portCtx, prefix string, eps []*model.Endpoint)
 	shard := endpointShard(c.proto, int(crc32.ChecksumIEEE([]byte(key))%n))
 	rule := fmt.Sprintf("meta l4proto %s dnat %s to numgen random mod %d offset %d map @%s", c.proto, r.ipX, len(eps), b.base, shard)
 	for i, ep := range eps {
-		c.ps.Elems = append(c.ps.Elems, element{Set: shard,
-			Key: []string{strconv.Itoa(int(b.base) + i)}, Value: []string{ep.IP.String(), strconv.Itoa(int(ep.Port))}})
+		// One backing array for key and value: 100k endpoints at 10k Services.
+		kv := []string{strconv.Itoa(int(b.base) + i), ep.IP.String(), strconv.Itoa(int(ep.Port))}
+		c.ps.Elems = append(c.ps.Elems, element{Set: shard, Key: kv[0:1:1], Value: kv[1:3:3]})
 	}
 	ch := &chain{Rules: []string{rule}, Name: contentName(prefix, c.human+blockSuffix(b), rule)}
 	c.ps.Chains = append(c.ps.Chains, ch)

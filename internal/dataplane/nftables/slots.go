@@ -17,6 +17,8 @@ type slotAlloc struct {
 	next  uint32
 	free  map[uint32][]uint32 // block size -> free bases
 	owner map[string]block    // chain key -> block
+	// used marks the slots of reserved blocks until compact.
+	used map[uint32]bool
 }
 
 type block struct{ base, size uint32 }
@@ -72,10 +74,16 @@ func (a *slotAlloc) reserve(key string, b block) bool {
 	if _, ok := a.owner[key]; ok || b.size == 0 || b.size&(b.size-1) != 0 || b.base == 0 || b.base+b.size > maxSlot {
 		return false
 	}
-	for _, o := range a.owner {
-		if b.base < o.base+o.size && o.base < b.base+b.size {
+	if a.used == nil {
+		a.used = map[uint32]bool{}
+	}
+	for i := b.base; i < b.base+b.size; i++ {
+		if a.used[i] {
 			return false
 		}
+	}
+	for i := b.base; i < b.base+b.size; i++ {
+		a.used[i] = true
 	}
 	a.owner[key] = b
 	a.next = max(a.next, b.base+b.size)
@@ -85,18 +93,13 @@ func (a *slotAlloc) reserve(key string, b block) bool {
 // compact rebuilds the free lists after reservations: every gap below next
 // becomes free blocks of size one (the simplest always-correct choice).
 func (a *slotAlloc) compact() {
-	used := make(map[uint32]bool)
-	for _, b := range a.owner {
-		for i := b.base; i < b.base+b.size; i++ {
-			used[i] = true
-		}
-	}
 	a.free = map[uint32][]uint32{}
 	for i := uint32(1); i < a.next; i++ {
-		if !used[i] {
+		if !a.used[i] {
 			a.free[1] = append(a.free[1], i)
 		}
 	}
+	a.used = nil
 }
 
 // blockSuffix is how a policy chain's name records its block.

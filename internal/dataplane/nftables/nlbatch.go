@@ -1,0 +1,305 @@
+package nftables
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// nlBatch writes one nfnetlink transaction (batch begin, messages, batch
+// end) straight into a byte buffer, the way the nft CLI talks to the kernel
+// but without its cache fetch or its parser. The kernel applies a batch
+// atomically: every message lands or none does.
+//
+// Only the last message asks for an acknowledgement; the kernel reports
+// errors of any message unasked, so a 100k-message batch costs one reply.
+type nlBatch struct {
+	buf   []byte
+	fam   byte   // NFPROTO_IPV4 or NFPROTO_IPV6
+	table string // every message is about this table
+	seq   uint32
+	// setID numbers the sets created in this batch (NFTA_SET_ID).
+	setID uint32
+	// last is the offset of the last message header, for the ack flag.
+	last int
+}
+
+const (
+	nfnlSubsysNFTables = 10
+	nlmsgHdrLen        = 16
+	nfgenHdrLen        = 4
+	// maxListBytes keeps one element list under the 64 KiB attribute limit.
+	maxListBytes = 60000
+)
+
+// newNLBatch starts a batch; sizeHint is the expected number of bytes.
+func newNLBatch(fam byte, table string, sizeHint int) *nlBatch {
+	b := &nlBatch{fam: fam, table: table, seq: 1, buf: make([]byte, 0, sizeHint)}
+	b.header(unix.NFNL_MSG_BATCH_BEGIN, unix.NLM_F_REQUEST, unix.AF_UNSPEC)
+	binary.BigEndian.PutUint16(b.buf[len(b.buf)-2:], nfnlSubsysNFTables)
+	b.finish(len(b.buf) - nlmsgHdrLen - nfgenHdrLen)
+	return b
+}
+
+// header appends a netlink and nfgenmsg header; finish fills in its length.
+func (b *nlBatch) header(typ uint16, flags uint16, fam byte) int {
+	start := len(b.buf)
+	b.buf = binary.NativeEndian.AppendUint32(b.buf, 0)
+	b.buf = binary.NativeEndian.AppendUint16(b.buf, typ)
+	b.buf = binary.NativeEndian.AppendUint16(b.buf, flags)
+	b.buf = binary.NativeEndian.AppendUint32(b.buf, b.seq)
+	b.buf = binary.NativeEndian.AppendUint32(b.buf, 0)
+	b.buf = append(b.buf, fam, 0, 0, 0)
+	b.seq++
+	return start
+}
+
+func (b *nlBatch) finish(start int) {
+	binary.NativeEndian.PutUint32(b.buf[start:], uint32(len(b.buf)-start))
+}
+
+// msg starts an nf_tables message about the table; the caller appends
+// attributes (the table attribute comes first) and calls finish.
+func (b *nlBatch) msg(typ uint16, flags uint16) int {
+	start := b.header(nfnlSubsysNFTables<<8|typ, unix.NLM_F_REQUEST|flags, b.fam)
+	b.last = start
+	return start
+}
+
+// msgNames are the message types a batch sends, for error reports.
+var msgNames = map[uint16]string{
+	unix.NFT_MSG_NEWTABLE: "add table", unix.NFT_MSG_DELTABLE: "delete table",
+	unix.NFT_MSG_NEWCHAIN: "add chain", unix.NFT_MSG_DELCHAIN: "delete chain",
+	unix.NFT_MSG_NEWRULE: "add rule to chain", unix.NFT_MSG_DELRULE: "flush chain",
+	unix.NFT_MSG_NEWSET: "add set", unix.NFT_MSG_DELSET: "delete set",
+	unix.NFT_MSG_NEWSETELEM: "add elements to", unix.NFT_MSG_DELSETELEM: "delete elements of",
+}
+
+// describe names the message with sequence number seq, found in the
+// batch (kept only for error reports, so the batch holds no descriptions).
+func (b *nlBatch) describe(seq uint32) string {
+	for off := 0; off+nlmsgHdrLen+nfgenHdrLen <= len(b.buf); {
+		l := int(binary.NativeEndian.Uint32(b.buf[off:]))
+		if l < nlmsgHdrLen || off+l > len(b.buf) {
+			break
+		}
+		if binary.NativeEndian.Uint32(b.buf[off+8:]) == seq {
+			typ := binary.NativeEndian.Uint16(b.buf[off+4:]) & 0xff
+			// The object's name is the second attribute of every message.
+			var names []string
+			eachAttr(b.buf[off+nlmsgHdrLen+nfgenHdrLen:off+l], func(_ uint16, data []byte) {
+				if len(names) < 2 && len(data) > 0 && data[len(data)-1] == 0 {
+					names = append(names, string(data[:len(data)-1]))
+				}
+			})
+			return strings.TrimSpace(msgNames[typ] + " " + strings.Join(names[min(1, len(names)):], ""))
+		}
+		off += (l + 3) &^ 3
+	}
+	return "netlink batch"
+}
+
+// attr appends one attribute, padded to 4 bytes.
+func (b *nlBatch) attr(typ uint16, data []byte) {
+	b.buf = appendAttr(b.buf, typ, data)
+}
+
+func appendAttr(buf []byte, typ uint16, data []byte) []byte {
+	buf = binary.NativeEndian.AppendUint16(buf, uint16(4+len(data)))
+	buf = binary.NativeEndian.AppendUint16(buf, typ)
+	buf = append(buf, data...)
+	for len(buf)%4 != 0 {
+		buf = append(buf, 0)
+	}
+	return buf
+}
+
+// nest opens a nested attribute; close it with end.
+func (b *nlBatch) nest(typ uint16) int {
+	start := len(b.buf)
+	b.buf = append(b.buf, 0, 0, 0, 0)
+	binary.NativeEndian.PutUint16(b.buf[start+2:], typ|unix.NLA_F_NESTED)
+	return start
+}
+
+func (b *nlBatch) end(start int) {
+	binary.NativeEndian.PutUint16(b.buf[start:], uint16(len(b.buf)-start))
+}
+
+func cstr(s string) []byte { return append([]byte(s), 0) }
+
+func be32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
+
+func be64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
+
+// bytes closes the batch and returns it, the last message asking for an
+// acknowledgement; ackSeq is that message's sequence number.
+func (b *nlBatch) bytes() (out []byte, ackSeq uint32, empty bool) {
+	if b.last == 0 {
+		return nil, 0, true
+	}
+	flags := binary.NativeEndian.Uint16(b.buf[b.last+6:])
+	binary.NativeEndian.PutUint16(b.buf[b.last+6:], flags|unix.NLM_F_ACK)
+	ackSeq = binary.NativeEndian.Uint32(b.buf[b.last+8:])
+	start := b.header(unix.NFNL_MSG_BATCH_END, unix.NLM_F_REQUEST, unix.AF_UNSPEC)
+	binary.BigEndian.PutUint16(b.buf[len(b.buf)-2:], nfnlSubsysNFTables)
+	b.finish(start)
+	return b.buf, ackSeq, false
+}
+
+// send sends the batch on a new socket in the calling thread's network
+// namespace and waits for the kernel's verdict.
+func (b *nlBatch) send() error {
+	buf, ackSeq, empty := b.bytes()
+	if empty {
+		return nil
+	}
+	fd, err := openNFNetlink(len(buf))
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Sendto(fd, buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return fmt.Errorf("sending netlink batch of %d bytes: %w", len(buf), err)
+	}
+	return b.waitAck(fd, ackSeq)
+}
+
+// openNFNetlink opens a netfilter netlink socket able to take a batch of
+// size bytes in one message (the kernel takes a batch only whole).
+func openNFNetlink(size int) (int, error) {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+	if err != nil {
+		return -1, fmt.Errorf("opening netfilter netlink socket: %w", err)
+	}
+	opts := []struct{ level, opt, val int }{
+		{unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, size + 64<<10},
+		{unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4 << 20},
+		{unix.SOL_NETLINK, unix.NETLINK_CAP_ACK, 1},
+		{unix.SOL_NETLINK, unix.NETLINK_EXT_ACK, 1},
+	}
+	for _, o := range opts {
+		if err := unix.SetsockoptInt(fd, o.level, o.opt, o.val); err != nil && o.opt == unix.SO_SNDBUFFORCE {
+			unix.Close(fd)
+			return -1, fmt.Errorf("sizing netlink send buffer to %d bytes: %w", o.val, err)
+		}
+	}
+	tv := unix.Timeval{Sec: 30}
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("binding netlink socket: %w", err)
+	}
+	return fd, nil
+}
+
+// nlError is the kernel's rejection of one message of a batch.
+type nlError struct {
+	Errno syscall.Errno
+	What  string // the message, as nlBatch described it
+	Msg   string // the kernel's extended ack message, if any
+}
+
+func (e *nlError) Error() string {
+	s := fmt.Sprintf("%s: %v", e.What, e.Errno)
+	if e.Msg != "" {
+		s += " (" + e.Msg + ")"
+	}
+	return s
+}
+
+func (e *nlError) Unwrap() error { return e.Errno }
+
+// waitAck reads replies until the acknowledgement of ackSeq; any error
+// reply before it means the kernel rejected (and rolled back) the batch.
+func (b *nlBatch) waitAck(fd int, ackSeq uint32) error {
+	rb := make([]byte, 32<<10)
+	var errs []error
+	for range 1 << 20 {
+		n, _, err := unix.Recvfrom(fd, rb, 0)
+		if err != nil {
+			return errors.Join(append(errs, fmt.Errorf("reading netlink replies: %w", err))...)
+		}
+		for msgs := rb[:n]; len(msgs) >= nlmsgHdrLen; {
+			l := int(binary.NativeEndian.Uint32(msgs))
+			if l < nlmsgHdrLen || l > len(msgs) {
+				break
+			}
+			m := msgs[:l]
+			msgs = msgs[min((l+3)&^3, len(msgs)):]
+			if binary.NativeEndian.Uint16(m[4:]) != unix.NLMSG_ERROR || len(m) < nlmsgHdrLen+4 {
+				continue
+			}
+			seq := binary.NativeEndian.Uint32(m[8:])
+			if errno := -int32(binary.NativeEndian.Uint32(m[nlmsgHdrLen:])); errno != 0 {
+				errs = append(errs, &nlError{Errno: syscall.Errno(errno), What: b.describe(seq), Msg: extAckMsg(m)})
+			}
+			if seq == ackSeq {
+				return errors.Join(errs...)
+			}
+		}
+	}
+	return errors.New("no acknowledgement of the netlink batch")
+}
+
+// extAckMsg returns NLMSGERR_ATTR_MSG of an error reply sent with
+// NETLINK_CAP_ACK (no copy of the request), or "".
+func extAckMsg(m []byte) string {
+	off := nlmsgHdrLen + 4 + nlmsgHdrLen
+	for off+4 <= len(m) {
+		l := int(binary.NativeEndian.Uint16(m[off:]))
+		typ := binary.NativeEndian.Uint16(m[off+2:])
+		if l < 4 || off+l > len(m) {
+			break
+		}
+		if typ == unix.NLMSGERR_ATTR_MSG {
+			s := m[off+4 : off+l]
+			for len(s) > 0 && s[len(s)-1] == 0 {
+				s = s[:len(s)-1]
+			}
+			return string(s)
+		}
+		off += (l + 3) &^ 3
+	}
+	return ""
+}
+
+// rulesetGeneration returns the kernel's nftables generation number, which
+// every committed transaction (of anyone) increments.
+func rulesetGeneration() (uint32, error) {
+	fd, err := openNFNetlink(0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	b := &nlBatch{seq: 1}
+	start := b.header(nfnlSubsysNFTables<<8|unix.NFT_MSG_GETGEN, unix.NLM_F_REQUEST|unix.NLM_F_ACK, unix.AF_UNSPEC)
+	b.finish(start)
+	if err := unix.Sendto(fd, b.buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return 0, fmt.Errorf("asking for the nftables generation: %w", err)
+	}
+	rb := make([]byte, 8192)
+	n, _, err := unix.Recvfrom(fd, rb, 0)
+	if err != nil {
+		return 0, fmt.Errorf("reading the nftables generation: %w", err)
+	}
+	m := rb[:n]
+	if len(m) < nlmsgHdrLen+nfgenHdrLen || binary.NativeEndian.Uint16(m[4:]) != nfnlSubsysNFTables<<8|unix.NFT_MSG_NEWGEN {
+		return 0, errors.New("unexpected reply to an nftables generation request")
+	}
+	for off := nlmsgHdrLen + nfgenHdrLen; off+8 <= len(m); {
+		l := int(binary.NativeEndian.Uint16(m[off:]))
+		if l < 4 {
+			break
+		}
+		if binary.NativeEndian.Uint16(m[off+2:])&^unix.NLA_F_NESTED == unix.NFTA_GEN_ID {
+			return binary.BigEndian.Uint32(m[off+4:]), nil
+		}
+		off += (l + 3) &^ 3
+	}
+	return 0, errors.New("no generation id in the nftables reply")
+}

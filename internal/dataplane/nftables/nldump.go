@@ -1,0 +1,142 @@
+package nftables
+
+import (
+	"encoding/binary"
+	"fmt"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// This file reads the kernel with raw netlink dumps, decoding replies in
+// place: a restart at 10k Services reads 130k elements and 11k chain
+// names, which google/nftables' generic decoding turns into hundreds of
+// megabytes of garbage.
+
+// dump sends one dump request (attrs written by fill) and calls fn with
+// the attributes of every reply message.
+func (n *netlinkReader) dump(typ uint16, fill func(b *nlBatch), fn func(attrs []byte) error) error {
+	fd, err := openNFNetlink(0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	fam := byte(unix.NFPROTO_IPV4)
+	if n.v6() {
+		fam = unix.NFPROTO_IPV6
+	}
+	b := &nlBatch{fam: fam, table: n.table.Name, seq: 1}
+	m := b.msg(typ, unix.NLM_F_DUMP)
+	fill(b)
+	b.finish(m)
+	if err := unix.Sendto(fd, b.buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return fmt.Errorf("sending netlink dump request: %w", err)
+	}
+	rb := make([]byte, 128<<10)
+	for range 1 << 24 {
+		nr, _, err := unix.Recvfrom(fd, rb, 0)
+		if err != nil {
+			return fmt.Errorf("reading netlink dump: %w", err)
+		}
+		for msgs := rb[:nr]; len(msgs) >= nlmsgHdrLen; {
+			l := int(binary.NativeEndian.Uint32(msgs))
+			if l < nlmsgHdrLen || l > len(msgs) {
+				return fmt.Errorf("malformed netlink reply")
+			}
+			msg := msgs[:l]
+			msgs = msgs[min((l+3)&^3, len(msgs)):]
+			switch binary.NativeEndian.Uint16(msg[4:]) {
+			case unix.NLMSG_DONE:
+				return nil
+			case unix.NLMSG_ERROR:
+				if errno := -int32(binary.NativeEndian.Uint32(msg[nlmsgHdrLen:])); errno != 0 {
+					return syscall.Errno(errno)
+				}
+				return nil
+			}
+			if len(msg) >= nlmsgHdrLen+nfgenHdrLen {
+				if err := fn(msg[nlmsgHdrLen+nfgenHdrLen:]); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return fmt.Errorf("netlink dump did not end")
+}
+
+// eachAttr calls fn for every attribute in b (type without flags).
+func eachAttr(b []byte, fn func(typ uint16, data []byte)) {
+	for len(b) >= 4 {
+		l := int(binary.NativeEndian.Uint16(b))
+		if l < 4 || l > len(b) {
+			return
+		}
+		fn(binary.NativeEndian.Uint16(b[2:])&^(unix.NLA_F_NESTED|unix.NLA_F_NET_BYTEORDER), b[4:l])
+		b = b[min((l+3)&^3, len(b)):]
+	}
+}
+
+// attr returns the data of the first attribute of type typ in b.
+func attr(b []byte, typ uint16) []byte {
+	var out []byte
+	eachAttr(b, func(t uint16, data []byte) {
+		if t == typ && out == nil {
+			out = data
+		}
+	})
+	return out
+}
+
+// elementMap returns the elements of s as key -> value strings, formatted
+// as render formats them (fields joined by " . ", verdicts as "goto X").
+func (n *netlinkReader) elementMap(s *set) (map[string]string, error) {
+	fields, dataFields := s.fields()
+	out := map[string]string{}
+	var decodeErr error
+	err := n.dump(unix.NFT_MSG_GETSETELEM, func(b *nlBatch) {
+		b.attr(unix.NFTA_SET_ELEM_LIST_TABLE, cstr(b.table))
+		b.attr(unix.NFTA_SET_ELEM_LIST_SET, cstr(s.Name))
+	}, func(attrs []byte) error {
+		eachAttr(attr(attrs, unix.NFTA_SET_ELEM_LIST_ELEMENTS), func(_ uint16, el []byte) {
+			k, v, err := decodeElem(fields, dataFields, s.IsMap, el)
+			if err != nil && decodeErr == nil {
+				decodeErr = fmt.Errorf("element of %s: %w", s.Name, err)
+			}
+			out[k] = v
+		})
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, decodeErr
+}
+
+func decodeElem(fields, dataFields []string, isMap bool, el []byte) (string, string, error) {
+	key, err := decodeKey(fields, attr(attr(el, unix.NFTA_SET_ELEM_KEY), unix.NFTA_DATA_VALUE))
+	if err != nil || !isMap {
+		return strings.Join(key, " . "), "", err
+	}
+	data := attr(el, unix.NFTA_SET_ELEM_DATA)
+	if dataFields[0] == "verdict" {
+		v, err := decodeVerdict(attr(data, unix.NFTA_DATA_VERDICT))
+		return strings.Join(key, " . "), v, err
+	}
+	val, err := decodeKey(dataFields, attr(data, unix.NFTA_DATA_VALUE))
+	return strings.Join(key, " . "), strings.Join(val, " "), err
+}
+
+// chainNames returns the names of the table's chains.
+func (n *netlinkReader) chainNames() ([]string, error) {
+	var names []string
+	err := n.dump(unix.NFT_MSG_GETCHAIN, func(b *nlBatch) {
+		b.attr(unix.NFTA_CHAIN_TABLE, cstr(b.table))
+	}, func(attrs []byte) error {
+		if string(attr(attrs, unix.NFTA_CHAIN_TABLE)) == n.table.Name+"\x00" {
+			names = append(names, strings.TrimRight(string(attr(attrs, unix.NFTA_CHAIN_NAME)), "\x00"))
+		}
+		return nil
+	})
+	return names, err
+}

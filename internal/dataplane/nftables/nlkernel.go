@@ -1,0 +1,138 @@
+package nftables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+
+	gnftables "github.com/google/nftables"
+	"golang.org/x/sys/unix"
+
+	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/model"
+)
+
+// nlKernel is the real kernel: every read and every transaction goes over
+// netlink in the calling thread's network namespace; the nft binary is
+// never run. Transactions are nlBatch batches (atomic, like `nft -f`).
+type nlKernel struct {
+	nl *netlinkReader
+	// sets are the shared sets and maps, for encoding their elements.
+	sets map[string]*set
+	// batches counts transactions sent (for tests).
+	batches int
+	// gen is shared by the Proxier's families.
+	gen *genTracker
+}
+
+// genTracker holds the nftables ruleset generation at which every family's
+// table was last known intact: checked by Drifted, or written by kproxy's
+// own batches with nobody else committing in between. 0 means unknown.
+type genTracker struct{ verified uint32 }
+
+var _ kernel = (*nlKernel)(nil)
+
+// Apply sends ops as one netlink batch.
+func (k *nlKernel) Apply(_ context.Context, ops opList) error {
+	if ops.len() == 0 {
+		return nil
+	}
+	before, errBefore := rulesetGeneration()
+	err := k.nl.apply(ops, k.sets)
+	if err != nil {
+		k.gen.verified = 0
+		if errors.Is(err, errNoNetlink) {
+			return fmt.Errorf("transaction of %d operations: %w", ops.len(), err)
+		}
+		return fmt.Errorf("sending netlink batch of %d operations: %w", ops.len(), err)
+	}
+	k.batches++
+	after, errAfter := rulesetGeneration()
+	// Still intact only if nobody else committed before or after us.
+	if errBefore != nil || errAfter != nil || before != k.gen.verified || after != before+1 {
+		k.gen.verified = 0
+	} else {
+		k.gen.verified = after
+	}
+	return nil
+}
+
+// List returns the names of the table's chains, sets or maps.
+func (k *nlKernel) List(_ context.Context, objectType string) ([]string, error) {
+	names, err := k.nl.list(objectType)
+	if isNotFound(err) {
+		return nil, nil
+	}
+	return names, err
+}
+
+func (k *nlKernel) ListElements(_ context.Context, s *set) (map[string]string, error) {
+	return k.nl.elementMap(s)
+}
+
+func (k *nlKernel) RuleCount(_ context.Context, chain string) (int, error) {
+	return k.nl.ruleCount(chain)
+}
+
+func (k *nlKernel) MissingChain(_ context.Context, names []string) (string, error) {
+	return k.nl.missingChain(names)
+}
+
+// unchanged reports whether nothing was committed to nftables (by anyone)
+// since every table was last known intact; cur is the current generation.
+func (g *genTracker) unchanged() (unchanged bool, cur uint32, err error) {
+	cur, err = rulesetGeneration()
+	return err == nil && g.verified != 0 && cur == g.verified, cur, err
+}
+
+// list returns the names of objects of a type in the table.
+func (n *netlinkReader) list(objectType string) ([]string, error) {
+	conn, err := gnftables.New()
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	switch objectType {
+	case "chain":
+		return n.chainNames()
+	case "set", "map":
+		sets, err := conn.GetSets(n.table)
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range sets {
+			if s.IsMap == (objectType == "map") {
+				names = append(names, s.Name)
+			}
+		}
+	default:
+		return nil, fmt.Errorf("cannot list %ss", objectType)
+	}
+	return names, nil
+}
+
+// deleteTable deletes a table of the reader's family by name; a missing
+// table is no error.
+func (n *netlinkReader) deleteTable(name string) error {
+	fam := byte(unix.NFPROTO_IPV4)
+	if n.v6() {
+		fam = unix.NFPROTO_IPV6
+	}
+	b := newNLBatch(fam, name, 256)
+	m := b.msg(unix.NFT_MSG_DELTABLE, 0)
+	b.attr(unix.NFTA_TABLE_NAME, cstr(name))
+	b.finish(m)
+	if err := b.send(); err != nil && !errors.Is(err, syscall.ENOENT) {
+		return err
+	}
+	return nil
+}
+
+func newNLKernel(f model.Family, table string, gen *genTracker) *nlKernel {
+	k := &nlKernel{nl: newNetlinkReader(f, table), sets: map[string]*set{}, gen: gen}
+	for _, s := range newRenderer(dataplane.Config{}, f, model.NodeInfo{}).fixedSets() {
+		k.sets[s.Name] = s
+	}
+	return k
+}
