@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -39,28 +40,43 @@ type env struct {
 	ipv6      func() bool
 	clock     clock.Clock
 	stdout    io.Writer
+	// ipvsCleanup removes upstream ipvs mode's non-iptables leftovers
+	// (kube-ipvs0, IPVS virtual servers, ip sets); nil skips it.
+	ipvsCleanup func(ctx context.Context) error
+	// firewallCleanup removes the iptables mode's KUBE-FIREWALL when no
+	// kubelet owns it (firewall.go); nil skips it.
+	firewallCleanup func(ctx context.Context) error
+	// oomScoreAdj sets this process's oom_score_adj; nil skips it.
+	oomScoreAdj func(adj int) error
 	// nodeIPsWait and podCIDRsWait bound the wait for this node's Node object
 	// (upstream: 30 s for its IPs, 5 min for its podCIDRs in NodeCIDR mode).
 	nodeIPsWait  time.Duration
 	podCIDRsWait time.Duration
 	pollInterval time.Duration
+	// waitInterval is how often the start-up waits (inputs synced, the
+	// Node's IPs) look again: short, as the first sync waits for them.
+	waitInterval time.Duration
 }
 
 func defaultEnv() env {
 	return env{
-		hostname:     os.Hostname,
-		inputs:       defaultInputs,
-		dataplanes:   defaultDataplanes(),
-		servers:      defaultServers,
-		conntrack:    conntrack.NewNetlinkTable(),
-		sysctls:      conntrack.HostFiles(),
-		numCPU:       conntrack.NumCPU,
-		ipv6:         kernelIPv6Supported,
-		clock:        clock.RealClock{},
-		stdout:       os.Stdout,
-		nodeIPsWait:  30 * time.Second,
-		podCIDRsWait: 5 * time.Minute,
-		pollInterval: time.Second,
+		hostname:        os.Hostname,
+		inputs:          defaultInputs,
+		dataplanes:      defaultDataplanes(),
+		servers:         defaultServers,
+		conntrack:       conntrack.NewNetlinkTable(),
+		sysctls:         conntrack.HostFiles(),
+		numCPU:          conntrack.NumCPU,
+		ipv6:            kernelIPv6Supported,
+		clock:           clock.RealClock{},
+		stdout:          os.Stdout,
+		ipvsCleanup:     removeIPVSLeftovers,
+		firewallCleanup: removeFirewallLeftovers,
+		oomScoreAdj:     writeOOMScoreAdj,
+		nodeIPsWait:     30 * time.Second,
+		podCIDRsWait:    5 * time.Minute,
+		pollInterval:    time.Second,
+		waitInterval:    50 * time.Millisecond,
 	}
 }
 
@@ -85,7 +101,8 @@ func run(ctx context.Context, o *config.Options, e env) error {
 }
 
 // cleanupAll is --cleanup: every backend removes what it (or upstream
-// kube-proxy in that mode) left in the kernel.
+// kube-proxy in that mode) left in the kernel, then upstream ipvs mode's
+// remnants go. Every step runs even when an earlier one failed.
 func cleanupAll(ctx context.Context, e env) error {
 	var errs []error
 	for _, mode := range sortedModes(e.dataplanes) {
@@ -93,7 +110,20 @@ func cleanupAll(ctx context.Context, e env) error {
 			errs = append(errs, err)
 		}
 	}
+	if e.firewallCleanup != nil {
+		errs = append(errs, e.firewallCleanup(ctx))
+	}
+	if e.ipvsCleanup != nil {
+		if err := e.ipvsCleanup(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("cleaning up ipvs state: %w", err))
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// writeOOMScoreAdj writes this process's /proc/self/oom_score_adj.
+func writeOOMScoreAdj(adj int) error {
+	return os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(adj)), 0o644)
 }
 
 // cleanupMode runs one backend's Cleanup.
@@ -109,10 +139,21 @@ func cleanupMode(ctx context.Context, e env, mode string) error {
 	return nil
 }
 
-// initNode is --init-only: the privileged node setup (conntrack sysctls), then exit.
+// initNode is --init-only: the privileged node setup, then exit. As
+// upstream: the conntrack sysctls, and in iptables mode route_localnet=1
+// when NodePorts answer on localhost. Unlike upstream it leaves other modes'
+// leftovers alone: the proxy removes them after its first sync, without a
+// window.
 func initNode(ctx context.Context, o *config.Options, e env) error {
 	if err := conntrack.ApplySysctls(ctx, &o.Config.Conntrack, e.numCPU(), e.sysctls); err != nil {
 		return fmt.Errorf("could not set conntrack parameters from kube-proxy configuration: %w", err)
 	}
+	if localhostNodePorts(o.Config) {
+		klog.FromContext(ctx).Info("Setting route_localnet=1 to allow node-ports on localhost")
+		if err := e.sysctls.WriteInt(sysctlRouteLocalnet, 1); err != nil {
+			return fmt.Errorf("setting route_localnet: %w", err)
+		}
+	}
+	klog.FromContext(ctx).Info("System initialized and --init-only specified")
 	return nil
 }

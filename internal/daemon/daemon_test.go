@@ -45,6 +45,10 @@ func testEnv(inputs InputsFunc, dp *fakeDataplane) env {
 	e.ipv6 = func() bool { return false }
 	e.clock = clock.RealClock{}
 	e.pollInterval = 2 * time.Millisecond
+	e.waitInterval = 2 * time.Millisecond
+	e.ipvsCleanup = func(context.Context) error { return nil }
+	e.firewallCleanup = func(context.Context) error { return nil }
+	e.oomScoreAdj = func(int) error { return nil }
 	return e
 }
 
@@ -238,4 +242,28 @@ func (s syncingSource) Run(ctx context.Context) error {
 	s.tr.setSynced()
 	<-ctx.Done()
 	return nil
+}
+
+// recordingFiles records sysctl writes.
+type recordingFiles struct{ writes map[string]int }
+
+func (recordingFiles) ReadInt(string) (int, error) { return 0, errNoDryRun }
+func (r recordingFiles) WriteInt(path string, v int) error {
+	r.writes[path] = v
+	return nil
+}
+
+func TestInitOnlyIPTablesRouteLocalnet(t *testing.T) {
+	e := testEnv(nil, newFakeDataplane())
+	files := recordingFiles{writes: map[string]int{}}
+	e.sysctls = files
+	o := testOptions()
+	o.Config.Mode = ModeIPTables
+	o.InitOnly = true
+	if err := run(context.Background(), o, e); err != nil {
+		t.Fatalf("init-only: %v", err)
+	}
+	if files.writes[sysctlRouteLocalnet] != 1 {
+		t.Errorf("init-only in iptables mode wrote %v, want route_localnet=1", files.writes)
+	}
 }

@@ -104,6 +104,12 @@ func (t *fakeTracker) Synced() bool {
 	return t.synced
 }
 
+func (t *fakeTracker) Node() *objects.Node {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.in.Node
+}
+
 func (t *fakeTracker) pollsOfSynced() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()

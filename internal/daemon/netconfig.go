@@ -179,7 +179,7 @@ func dataplaneConfig(c *kpv1alpha1.KubeProxyConfiguration, ips nodeIPs, fams []m
 		LocalMode:         dataplane.LocalMode(c.DetectLocalMode),
 		BridgeInterface:   c.DetectLocal.BridgeInterface,
 		InterfacePrefix:   c.DetectLocal.InterfaceNamePrefix,
-		NodePortAddresses: nodePortAddresses(c.NodePortAddresses, ips),
+		NodePortAddresses: completeFamilies(nodePortAddresses(c.NodePortAddresses, ips), fams),
 		NodeIPs:           ips.known(),
 	}
 	if c.IPTables.LocalhostNodePorts != nil && !*c.IPTables.LocalhostNodePorts {
@@ -210,6 +210,60 @@ func nodePortAddresses(configured []string, ips nodeIPs) []string {
 		}
 	}
 	return out
+}
+
+// completeFamilies gives every family without a CIDR in a non-empty
+// nodePortAddresses list its zero-length CIDR: upstream accepts NodePorts on
+// every local address of a family the list does not mention (so "primary"
+// on a node with only an IPv4 IP leaves IPv6 NodePorts open everywhere).
+func completeFamilies(cidrs []string, fams []model.Family) []string {
+	if len(cidrs) == 0 {
+		return cidrs
+	}
+	out := cidrs
+	for _, f := range fams {
+		if !hasCIDROf(cidrs, f) {
+			zero := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+			if f == model.IPv6 {
+				zero = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+			}
+			out = append(out, zero.String())
+		}
+	}
+	return out
+}
+
+func hasCIDROf(cidrs []string, f model.Family) bool {
+	for _, s := range cidrs {
+		if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil && model.FamilyOf(p.Addr()) == f {
+			return true
+		}
+	}
+	return false
+}
+
+// localhostNodePorts reports whether iptables mode answers NodePorts on
+// 127.0.0.1 (and so needs route_localnet=1): iptables.localhostNodePorts is
+// on and nodePortAddresses is empty or has an IPv4 CIDR containing
+// 127.0.0.1 or none at all ("primary" never contains it).
+func localhostNodePorts(c *kpv1alpha1.KubeProxyConfiguration) bool {
+	if c.Mode != ModeIPTables || (c.IPTables.LocalhostNodePorts != nil && !*c.IPTables.LocalhostNodePorts) {
+		return false
+	}
+	npa := c.NodePortAddresses
+	if len(npa) == 1 && npa[0] == nodePortAddressesPrimary {
+		return false
+	}
+	if !hasCIDROf(npa, model.IPv4) {
+		return true
+	}
+	loopback := netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	for _, s := range npa {
+		if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil && p.Contains(loopback) {
+			return true
+		}
+	}
+	return false
 }
 
 func parseCIDRs(list string) ([]netip.Prefix, error) {

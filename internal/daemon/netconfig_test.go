@@ -103,6 +103,7 @@ func TestDataplaneConfig(t *testing.T) {
 		name    string
 		cfg     kpv1alpha1.KubeProxyConfiguration
 		ips     nodeIPs
+		fams    []model.Family // default: IPv4
 		want    dataplane.Config
 		wantErr bool
 	}{{
@@ -130,6 +131,20 @@ func TestDataplaneConfig(t *testing.T) {
 		ips:  none,
 		want: dataplane.Config{Families: fams, NodePortAddresses: []string{}},
 	}, {
+		name: "a family the list does not mention gets every address, as upstream",
+		cfg:  kpv1alpha1.KubeProxyConfiguration{Mode: ModeIPTables, NodePortAddresses: []string{"198.18.0.0/16"}},
+		ips:  v4,
+		fams: []model.Family{model.IPv4, model.IPv6},
+		want: dataplane.Config{Families: []model.Family{model.IPv4, model.IPv6},
+			NodePortAddresses: []string{"198.18.0.0/16", "::/0"}, NodeIPs: addrs("198.18.1.1")},
+	}, {
+		name: "primary with only an IPv4 node IP: IPv6 NodePorts everywhere",
+		cfg:  kpv1alpha1.KubeProxyConfiguration{Mode: ModeNFTables, NodePortAddresses: []string{"primary"}},
+		ips:  v4,
+		fams: []model.Family{model.IPv4, model.IPv6},
+		want: dataplane.Config{Families: []model.Family{model.IPv4, model.IPv6},
+			NodePortAddresses: []string{"198.18.1.1/32", "::/0"}, NodeIPs: addrs("198.18.1.1")},
+	}, {
 		name:    "bad cluster CIDR",
 		cfg:     kpv1alpha1.KubeProxyConfiguration{Mode: ModeNFTables, DetectLocalMode: "ClusterCIDR", ClusterCIDR: "nope"},
 		ips:     v4,
@@ -137,7 +152,11 @@ func TestDataplaneConfig(t *testing.T) {
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := dataplaneConfig(&tc.cfg, tc.ips, fams)
+			fs := tc.fams
+			if fs == nil {
+				fs = fams
+			}
+			got, err := dataplaneConfig(&tc.cfg, tc.ips, fs)
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("error = %v, wantErr %v", err, tc.wantErr)
 			}
@@ -212,6 +231,28 @@ func TestLeftoverModes(t *testing.T) {
 	for mode, want := range tests {
 		if got := leftoverModes(mode, all); !slices.Equal(got, want) {
 			t.Errorf("leftoverModes(%s) = %v, want %v", mode, got, want)
+		}
+	}
+}
+
+func TestLocalhostNodePorts(t *testing.T) {
+	off := false
+	tests := []struct {
+		name string
+		cfg  kpv1alpha1.KubeProxyConfiguration
+		want bool
+	}{
+		{"iptables default", kpv1alpha1.KubeProxyConfiguration{Mode: ModeIPTables}, true},
+		{"nftables never", kpv1alpha1.KubeProxyConfiguration{Mode: ModeNFTables}, false},
+		{"turned off", kpv1alpha1.KubeProxyConfiguration{Mode: ModeIPTables, IPTables: kpv1alpha1.KubeProxyIPTablesConfiguration{LocalhostNodePorts: &off}}, false},
+		{"primary", kpv1alpha1.KubeProxyConfiguration{Mode: ModeIPTables, NodePortAddresses: []string{"primary"}}, false},
+		{"CIDR without loopback", kpv1alpha1.KubeProxyConfiguration{Mode: ModeIPTables, NodePortAddresses: []string{"198.18.0.0/16"}}, false},
+		{"CIDR with loopback", kpv1alpha1.KubeProxyConfiguration{Mode: ModeIPTables, NodePortAddresses: []string{"198.18.0.0/16", "127.0.0.0/8"}}, true},
+		{"only IPv6 CIDRs: IPv4 is all", kpv1alpha1.KubeProxyConfiguration{Mode: ModeIPTables, NodePortAddresses: []string{"fd00::/64"}}, true},
+	}
+	for _, tc := range tests {
+		if got := localhostNodePorts(&tc.cfg); got != tc.want {
+			t.Errorf("%s: localhostNodePorts = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

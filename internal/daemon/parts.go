@@ -48,7 +48,7 @@ type daemon struct {
 func newDaemon(o *config.Options, e env) (*daemon, error) {
 	mode := string(o.Config.Mode)
 	if mode == "" {
-		mode = ModeNFTables
+		mode = ModeIPTables // upstream's Linux default (config.Default sets it too)
 	}
 	if _, ok := e.dataplanes[mode]; !ok {
 		return nil, fmt.Errorf("proxy mode %q is not available (have %v)", mode, sortedModes(e.dataplanes))

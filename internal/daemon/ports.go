@@ -41,6 +41,18 @@ type Tracker interface {
 	Done(b *Batch, ok bool)
 	// Synced reports whether Services and EndpointSlices are fully listed.
 	Synced() bool
+	// Node returns this node's Node object as last seen, nil when unknown.
+	// It consumes nothing.
+	Node() *objects.Node
+}
+
+// ChangeObserver is told about every Service and EndpointSlice event and
+// the pending counts (the kubeproxy_sync_proxy_rules_*_changes_* metrics).
+// It must not block.
+type ChangeObserver interface {
+	ServiceChanged(pending int)
+	EndpointsChanged(pending int)
+	ChangesPending(services, endpoints int)
 }
 
 // Source feeds a Tracker until ctx is done.
@@ -55,6 +67,9 @@ type Inputs struct {
 	// NodeExpected is true when the source is a cluster, whose Node object is
 	// waited for (the file source may have none).
 	NodeExpected bool
+	// ObserveChanges, when set, routes the tracker's change events to o
+	// from now on (the metrics exist only once the servers are built).
+	ObserveChanges func(o ChangeObserver)
 }
 
 // InputsFunc builds the inputs for o: the file source when o.SourceFile is

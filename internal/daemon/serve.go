@@ -28,7 +28,7 @@ func (d *daemon) serve(ctx context.Context) error {
 	if err := d.prepare(ctx); err != nil {
 		return err
 	}
-	d.cleanLeftovers(ctx)
+	d.applyOOMScoreAdj(ctx)
 	if err := conntrack.ApplySysctls(ctx, &d.o.Config.Conntrack, d.env.numCPU(), d.env.sysctls); err != nil {
 		return fmt.Errorf("could not set conntrack parameters from kube-proxy configuration: %w", err)
 	}
@@ -47,13 +47,15 @@ func (d *daemon) serve(ctx context.Context) error {
 	}
 }
 
-// cleanLeftovers removes other modes' kernel state, best effort: a failure
-// is logged, as upstream does.
-func (d *daemon) cleanLeftovers(ctx context.Context) {
-	for _, mode := range leftoverModes(d.mode, d.env.dataplanes) {
-		if err := cleanupMode(ctx, d.env, mode); err != nil {
-			klog.FromContext(ctx).Error(err, "Removing leftovers of another proxy mode failed", "mode", mode)
-		}
+// applyOOMScoreAdj sets this process's oom_score_adj from oomScoreAdj; a
+// failure is logged at V(2), as upstream does.
+func (d *daemon) applyOOMScoreAdj(ctx context.Context) {
+	adj := d.o.Config.OOMScoreAdj
+	if adj == nil || d.env.oomScoreAdj == nil {
+		return
+	}
+	if err := d.env.oomScoreAdj(int(*adj)); err != nil {
+		klog.FromContext(ctx).V(2).Info("Failed to apply OOMScore", "err", err)
 	}
 }
 
@@ -68,6 +70,13 @@ func (d *daemon) startServers(ctx context.Context, wg *sync.WaitGroup) error {
 		return fmt.Errorf("setting up servers: %w", err)
 	}
 	d.obs = obs
+	if d.inputs.ObserveChanges != nil {
+		for _, o := range obs {
+			if co, ok := o.(ChangeObserver); ok {
+				d.inputs.ObserveChanges(co)
+			}
+		}
+	}
 	fams := d.fams
 	d.queued.Store(&fams) // from now on notify reports to the observers
 	hardFail := d.o.Config.BindAddressHardFail
@@ -139,11 +148,7 @@ func (d *daemon) waitForNode(ctx context.Context) (*objects.Node, error) {
 }
 
 // peekNode returns the tracker's current Node without consuming changes.
-func (d *daemon) peekNode() *objects.Node {
-	b := d.inputs.Tracker.Take()
-	d.inputs.Tracker.Done(b, false)
-	return b.Input.Node
-}
+func (d *daemon) peekNode() *objects.Node { return d.inputs.Tracker.Node() }
 
 // waitFor polls cond until it holds or timeout (0: none) passes; only a done
 // ctx or a failed part is an error.
@@ -160,7 +165,7 @@ func (d *daemon) waitFor(ctx context.Context, timeout time.Duration, cond func()
 			return err
 		case <-deadline:
 			return nil
-		case <-d.env.clock.After(d.env.pollInterval):
+		case <-d.env.clock.After(d.env.waitInterval):
 		}
 	}
 	return nil

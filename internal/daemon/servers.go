@@ -75,6 +75,13 @@ type serverObserver struct {
 	services map[model.Family]*health.ServiceHealthServer
 }
 
+// The change-event methods make serverObserver a ChangeObserver.
+func (o *serverObserver) ServiceChanged(pending int)   { o.metrics.ServiceChanged(pending) }
+func (o *serverObserver) EndpointsChanged(pending int) { o.metrics.EndpointsChanged(pending) }
+func (o *serverObserver) ChangesPending(services, endpoints int) {
+	o.metrics.ChangesPending(services, endpoints)
+}
+
 func (o *serverObserver) Started(fams []model.Family) {
 	now := time.Now()
 	for _, f := range fams {

@@ -32,12 +32,18 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 		d.obs.Synced(report)
 		return fmt.Errorf("%s sync (%s): %w", d.mode, req.Reason, err)
 	}
+	first := d.prev == nil
 	report.Conntrack = d.cleaner.Clean(ctx, d.prev, snap, req.Full)
 	d.prev = snap
 	report.Snapshot = snap
 	report.Duration = d.env.clock.Since(start)
 	d.obs.Synced(report)
 	logger.V(2).Info("Sync complete", "reason", req.Reason, "full", req.Full, "changed", len(b.Changed), "elapsed", report.Duration)
+	if first {
+		// This mode's rules are in place: the other modes' rules can go
+		// now without leaving a window.
+		d.removeLeftovers(ctx)
+	}
 	return nil
 }
 

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"k8s.io/klog/v2"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/kproxy/kproxy/internal/dataplane"
 	"github.com/kproxy/kproxy/internal/dataplane/iptables"
 	"github.com/kproxy/kproxy/internal/dataplane/nftables"
+	"github.com/kproxy/kproxy/internal/objects"
 	"github.com/kproxy/kproxy/internal/source/api"
 	"github.com/kproxy/kproxy/internal/source/file"
 )
@@ -20,11 +22,12 @@ import (
 // defaultInputs builds the file or API source and the change tracker.
 func defaultInputs(o *config.Options, nodeName string, notify func()) (Inputs, error) {
 	logger := klog.Background()
-	t := changes.NewTracker(nodeName, notify, changes.WithLogger(logger.WithName("changes")))
+	obs := &lateObserver{}
+	t := changes.NewTracker(nodeName, notify, changes.WithLogger(logger.WithName("changes")), changes.WithObserver(obs))
 	tr := trackerAdapter{t}
 	if o.SourceFile != "" {
 		src := file.New(o.SourceFile, nodeName, t, logger.WithName("file-source"))
-		return Inputs{Source: src, Tracker: tr}, nil
+		return Inputs{Source: src, Tracker: tr, ObserveChanges: obs.set}, nil
 	}
 	cfg := o.Config
 	client, err := api.NewClient(cfg.ClientConnection, o.Master, logger)
@@ -32,13 +35,41 @@ func defaultInputs(o *config.Options, nodeName string, notify func()) (Inputs, e
 		return Inputs{}, fmt.Errorf("connecting to the API server: %w", err)
 	}
 	src := api.New(client, nodeName, cfg.ConfigSyncPeriod.Duration, t, logger.WithName("api-source"))
-	return Inputs{Source: src, Tracker: tr, NodeExpected: true}, nil
+	return Inputs{Source: src, Tracker: tr, NodeExpected: true, ObserveChanges: obs.set}, nil
+}
+
+// lateObserver is the tracker's changes.Observer: it forwards to an
+// observer set later (the metrics), and drops events until then.
+type lateObserver struct {
+	o atomic.Pointer[ChangeObserver]
+}
+
+func (l *lateObserver) set(o ChangeObserver) { l.o.Store(&o) }
+
+func (l *lateObserver) ServiceChanged(pending int) {
+	if o := l.o.Load(); o != nil {
+		(*o).ServiceChanged(pending)
+	}
+}
+
+func (l *lateObserver) EndpointsChanged(pending int) {
+	if o := l.o.Load(); o != nil {
+		(*o).EndpointsChanged(pending)
+	}
+}
+
+func (l *lateObserver) ChangesPending(services, endpoints int) {
+	if o := l.o.Load(); o != nil {
+		(*o).ChangesPending(services, endpoints)
+	}
 }
 
 // trackerAdapter presents a *changes.Tracker as the daemon's Tracker.
 type trackerAdapter struct{ t *changes.Tracker }
 
 func (a trackerAdapter) Synced() bool { return a.t.Synced() }
+
+func (a trackerAdapter) Node() *objects.Node { return a.t.Node() }
 
 func (a trackerAdapter) Take() *Batch {
 	cb := a.t.Take()

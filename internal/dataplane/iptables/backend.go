@@ -36,44 +36,58 @@ func (b Backend) other() Backend {
 // Chains kubelet creates in the mangle table of the backend it uses.
 var kubeletHints = []string{"KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"}
 
-// DetectBackend picks the backend the node uses, as upstream's
-// iptables-wrapper does: kubelet's hint chain decides; else the backend with
-// more KUBE-* lines; else the one with more rules; nft on a tie.
+// DetectBackend picks the backend the node uses, with the rules of
+// upstream's kube-proxy image (kubernetes-sigs/iptables-wrappers):
+//  1. a kubelet hint chain in nf_tables' mangle table: nft;
+//  2. else a hint chain anywhere in legacy: legacy (legacy is read without
+//     -t, which would create the table);
+//  3. else legacy when it holds more rules than nf_tables, nft otherwise.
+//
+// Both families count. A program or module that is missing reads as empty.
 func DetectBackend(ctx context.Context, ex Exec) Backend {
-	for _, b := range []Backend{BackendNFT, BackendLegacy} {
-		out := saveAll(ctx, ex, b, "mangle")
-		for _, h := range kubeletHints {
-			if strings.Contains(out, ":"+h+" ") {
-				return b
-			}
-		}
+	if hasKubeletHint(saveAll(ctx, ex, BackendNFT, tableMangle)) {
+		return BackendNFT
 	}
-	nft, legacy := saveAll(ctx, ex, BackendNFT, ""), saveAll(ctx, ex, BackendLegacy, "")
-	if n, l := strings.Count(nft, "KUBE-"), strings.Count(legacy, "KUBE-"); n+l > 0 {
-		return pick(n, l)
+	legacy := saveAll(ctx, ex, BackendLegacy, "")
+	if hasKubeletHint(legacy) {
+		return BackendLegacy
 	}
-	return pick(strings.Count(nft, "\n-"), strings.Count(legacy, "\n-"))
-}
-
-func pick(nft, legacy int) Backend {
-	if legacy > nft {
+	if countRules(legacy) > countRules(saveAll(ctx, ex, BackendNFT, "")) {
 		return BackendLegacy
 	}
 	return BackendNFT
 }
 
-// saveAll is the iptables-save output of both families (errors count as
-// empty: a missing binary or module means nothing is there).
+func hasKubeletHint(save string) bool {
+	for _, h := range kubeletHints {
+		if strings.Contains(save, "\n:"+h+" ") || strings.HasPrefix(save, ":"+h+" ") {
+			return true
+		}
+	}
+	return false
+}
+
+// countRules counts the rule lines ("-A ...") of iptables-save output.
+func countRules(save string) int {
+	n := strings.Count(save, "\n-")
+	if strings.HasPrefix(save, "-") {
+		n++
+	}
+	return n
+}
+
+// saveAll is the iptables-save output of both families, of one table or
+// (table "") of every table the backend has.
 func saveAll(ctx context.Context, ex Exec, b Backend, table string) string {
 	var sb strings.Builder
 	for _, fam := range []model.Family{model.IPv4, model.IPv6} {
-		args := []string{}
+		var args []string
 		if table != "" {
-			args = append(args, "-t", table)
+			args = []string{"-t", table}
 		}
-		out, err := ex.Run(ctx, nil, b.cmd(fam, "-save"), args...)
-		if err == nil {
+		if out, err := ex.Run(ctx, nil, b.cmd(fam, "-save"), args...); err == nil {
 			sb.Write(out)
+			sb.WriteByte('\n')
 		}
 	}
 	return sb.String()

@@ -11,17 +11,19 @@ import (
 
 // cleanupBackend removes, in both families of backend b, every chain kproxy
 // or upstream kube-proxy (iptables mode) owns and every rule jumping to
-// one. Tables or binaries that are not there are skipped.
+// one. It reads each family with one -save call without -t: naming a table
+// would make the legacy backend create it. Tables, modules or binaries that
+// are not there are skipped.
 func cleanupBackend(ctx context.Context, ex Exec, b Backend) error {
 	var errs []error
 	for _, fam := range []model.Family{model.IPv4, model.IPv6} {
+		out, err := ex.Run(ctx, nil, b.cmd(fam, "-save"))
+		if err != nil {
+			continue // no module or binary: nothing to remove
+		}
 		var ws []*tableWrite
-		for _, table := range []string{tableMangle, tableFilter, tableNAT} {
-			out, err := ex.Run(ctx, nil, b.cmd(fam, "-save"), "-t", table)
-			if err != nil {
-				continue // no such table, module or binary: nothing to remove
-			}
-			ws = append(ws, cleanupWrite(table, parseSave(string(out))))
+		for _, t := range splitSave(string(out)) {
+			ws = append(ws, cleanupWrite(t.name, parseSave(t.text)))
 		}
 		text := restoreText(ws...)
 		if text == "" {
@@ -32,6 +34,23 @@ func cleanupBackend(ctx context.Context, ex Exec, b Backend) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// savedSection is one table's part of a whole iptables-save output.
+type savedSection struct{ name, text string }
+
+// splitSave splits iptables-save output into its tables, in order.
+func splitSave(out string) []savedSection {
+	var secs []savedSection
+	for _, part := range strings.Split(out, "\n*") {
+		part = strings.TrimPrefix(part, "*")
+		name, rest, ok := strings.Cut(part, "\n")
+		if !ok || strings.HasPrefix(name, "#") || name == "" {
+			continue
+		}
+		secs = append(secs, savedSection{name: name, text: rest})
+	}
+	return secs
 }
 
 // cleanupWrite deletes the owned chains of a saved table and the rules of

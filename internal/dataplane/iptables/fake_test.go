@@ -52,8 +52,16 @@ func (k *fakeKernel) Run(_ context.Context, stdin []byte, name string, args ...s
 		}
 		k.restores = append(k.restores, string(stdin))
 		return nil, k.apply(fam, string(stdin))
-	case strings.HasSuffix(name, "-save"):
+	case strings.HasSuffix(name, "-save") && len(args) >= 2:
 		return []byte(k.save(fam, args[1])), nil
+	case strings.HasSuffix(name, "-save"):
+		var b strings.Builder
+		for _, t := range []string{"mangle", "filter", "nat"} {
+			if k.tables[fam][t] != nil {
+				b.WriteString(k.save(fam, t))
+			}
+		}
+		return []byte(b.String()), nil
 	case slices.Contains(args, "-S"):
 		c, ok := k.table(fam, args[2])[args[4]]
 		if !ok {

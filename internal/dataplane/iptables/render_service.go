@@ -81,7 +81,8 @@ func (r *renderer) newSvcCtx(sp *model.ServicePort) *svcCtx {
 	}
 	switch {
 	case !s.hasEPs:
-		s.filtTgt, s.extTgt = "REJECT", "REJECT"
+		s.filtTgt = rejectTarget(s.proto)
+		s.extTgt = s.filtTgt
 		s.filtCmt = comment(s.name + " has no endpoints")
 		s.extCmt = s.filtCmt
 	default:
@@ -89,6 +90,17 @@ func (r *renderer) newSvcCtx(sp *model.ServicePort) *svcCtx {
 		s.extTgt, s.extCmt = s.filtTgt, s.filtCmt
 	}
 	return s
+}
+
+// rejectTarget is the REJECT for a Service without endpoints. TCP gets a
+// reset, as kproxy's nftables mode does: a TCP client acts on an ICMPv6
+// error only at its first SYN retransmit (about 1 s later), which a client
+// cannot tell from a dropped SYN. Other protocols get the ICMP default.
+func rejectTarget(proto string) string {
+	if proto == "tcp" {
+		return "REJECT --reject-with tcp-reset"
+	}
+	return "REJECT"
 }
 
 // chain returns the port's chain called name, creating it on first use.
