@@ -38,6 +38,7 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 	report.Snapshot = snap
 	report.Duration = d.env.clock.Since(start)
 	d.obs.Synced(report)
+	adaptMemoryLimit()
 	logger.V(2).Info("Sync complete", "reason", req.Reason, "full", req.Full, "changed", len(b.Changed), "elapsed", report.Duration)
 	if first {
 		// This mode's rules are in place: the other modes' rules can go
