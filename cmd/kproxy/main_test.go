@@ -36,6 +36,7 @@ func TestRun(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			resetLogging(t)
 			var stdout, stderr strings.Builder
 			code := run(tc.args, &stdout, &stderr)
 			if code != tc.code {

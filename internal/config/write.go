@@ -31,7 +31,7 @@ func Encode(cfg *kpv1alpha1.KubeProxyConfiguration) ([]byte, error) {
 	}
 	enc := codecs.EncoderForVersion(info.Serializer, kpv1alpha1.SchemeGroupVersion)
 	var buf bytes.Buffer
-	if err := enc.Encode(withInactiveModesCleared(cfg), &buf); err != nil {
+	if err := enc.Encode(Canonical(cfg), &buf); err != nil {
 		return nil, fmt.Errorf("encoding KubeProxyConfiguration: %w", err)
 	}
 	return buf.Bytes(), nil
@@ -49,11 +49,15 @@ func WriteConfig(path string, cfg *kpv1alpha1.KubeProxyConfiguration) error {
 	return nil
 }
 
-// withInactiveModesCleared returns a copy of cfg whose sections of the
-// modes not selected have no sync periods or masqueradeAll, as upstream's
-// internal-to-v1alpha1 conversion leaves them.
-func withInactiveModesCleared(cfg *kpv1alpha1.KubeProxyConfiguration) *kpv1alpha1.KubeProxyConfiguration {
+// Canonical returns a copy of cfg as upstream presents its effective
+// configuration (--write-config-to, /configz): apiVersion and kind set, and
+// the sections of the modes not selected without sync periods or
+// masqueradeAll, as upstream's internal-to-v1alpha1 conversion leaves them
+// (upstream keeps one sync period pair and one masqueradeAll internally).
+func Canonical(cfg *kpv1alpha1.KubeProxyConfiguration) *kpv1alpha1.KubeProxyConfiguration {
 	c := cfg.DeepCopy()
+	c.APIVersion = kpv1alpha1.SchemeGroupVersion.String()
+	c.Kind = ConfigKind
 	active := modePeriods(c)
 	masqueradeAll := *active.masqueradeAll
 	sync, minSync := *active.sync, *active.minSync

@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"k8s.io/apimachinery/pkg/api/equality"
 	kpv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
 	"sigs.k8s.io/yaml"
@@ -94,5 +96,48 @@ func TestEncodeDoesNotModify(t *testing.T) {
 	}
 	if err := WriteConfig(filepath.Join(t.TempDir(), "missing", "x.yaml"), cfg); err == nil {
 		t.Error("write into a missing directory succeeded")
+	}
+}
+
+// TestKubeadmConfig loads the config file kubeadm deploys (every field
+// present, mostly zero, mode "") and wants upstream's effective
+// configuration: testdata/write-config-kubeadm.yaml is what upstream
+// kube-proxy v1.36.3 writes for it, regenerated with
+//
+//	kube-proxy --config=testdata/kubeadm-config.yaml --hostname-override=node-1 \
+//	  --write-config-to=testdata/write-config-kubeadm.yaml
+func TestKubeadmConfig(t *testing.T) {
+	o := mustLoad(t, "--config=testdata/kubeadm-config.yaml", "--hostname-override=node-1", "--write-config-to=unused")
+	if len(o.Warnings) != 0 {
+		t.Errorf("warnings: %q", o.Warnings)
+	}
+	c := o.Config
+	got := []any{string(c.Mode), c.ClientConnection.Kubeconfig, string(c.DetectLocalMode), c.NodePortAddresses,
+		c.IPTables.SyncPeriod.Duration, *c.IPTables.MasqueradeBit, o.NodeName}
+	want := []any{"iptables", "/var/lib/kube-proxy/kubeconfig.conf", "ClusterCIDR", []string(nil),
+		30 * time.Second, int32(14), "node-1"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("(-want +got)\n%s", diff)
+	}
+	data, err := Encode(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	compareGolden(t, filepath.Join("testdata", "write-config-kubeadm.yaml"), data)
+	checkRoundTrip(t, data, c)
+}
+
+// TestCanonical checks what /configz and --write-config-to show: upstream
+// v1.36.3's /configz for --proxy-mode=nftables has the iptables and ipvs
+// sync periods at 0s.
+func TestCanonical(t *testing.T) {
+	o := mustLoad(t, "--proxy-mode=nftables")
+	c := Canonical(o.Config)
+	got := []any{c.APIVersion, c.Kind, c.IPTables.SyncPeriod.Duration, c.IPTables.MinSyncPeriod.Duration, c.IPVS.SyncPeriod.Duration,
+		c.NFTables.SyncPeriod.Duration, c.NFTables.MinSyncPeriod.Duration, o.Config.IPTables.SyncPeriod.Duration}
+	want := []any{"kubeproxy.config.k8s.io/v1alpha1", "KubeProxyConfiguration", time.Duration(0), time.Duration(0), time.Duration(0),
+		30 * time.Second, time.Second, 30 * time.Second}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("(-want +got)\n%s", diff)
 	}
 }

@@ -6,9 +6,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/component-base/featuregate"
 	k8smetrics "k8s.io/component-base/metrics"
 	"k8s.io/klog/v2"
 
+	"github.com/kproxy/kproxy/internal/config"
 	"github.com/kproxy/kproxy/internal/model"
 )
 
@@ -23,6 +25,9 @@ type Options struct {
 	NFAcct NFAcctReader
 	// Logger logs failed nfacct reads; the zero value discards.
 	Logger klog.Logger
+	// FeatureGate, when set, is published as kubernetes_feature_enabled
+	// (one series per known gate), as every Kubernetes component does.
+	FeatureGate featuregate.FeatureGate
 }
 
 // Metrics records kproxy's kubeproxy_* metrics. Its methods are safe for
@@ -32,14 +37,19 @@ type Metrics struct {
 	s    *set
 }
 
-// NewRegistry returns an empty registry with what upstream's global registry
-// also carries: the process and Go runtime collectors and the registry's
-// meta metrics (registered_metrics_total, ...).
+// NewRegistry returns a registry with what upstream's global registry also
+// carries besides kube-proxy's own metrics: the process and Go runtime
+// collectors, the registry's meta metrics (registered_metrics_total, ...),
+// kubernetes_build_info (git_version is the kube-proxy version kproxy is
+// compatible with) and client-go's rest_client_* metrics. client-go reports
+// to the registry made last (its hooks are process-wide).
 func NewRegistry() k8smetrics.KubeRegistry {
 	reg := k8smetrics.NewKubeRegistry()
 	reg.RawMustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.RawMustRegister(collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(collectors.MetricsAll)))
 	reg.RegisterMetaMetrics()
+	registerBuildInfo(reg, config.UpstreamVersion)
+	registerRestClient(reg)
 	return reg
 }
 
@@ -50,6 +60,11 @@ func New(reg k8smetrics.KubeRegistry, o Options) (*Metrics, error) {
 	for _, c := range append(m.s.common(), m.s.forMode(o.Mode)...) {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering %s: %w", c.FQName(), err)
+		}
+	}
+	if o.FeatureGate != nil {
+		if err := registerFeatures(reg, o.FeatureGate); err != nil {
+			return nil, err
 		}
 	}
 	if o.Mode == ModeIPTables && o.NFAcct != nil {

@@ -107,6 +107,57 @@ func checkPort(t *testing.T, f Family, p *ServicePort) {
 	if (len(p.ClusterEndpoints) > 0 || len(p.LocalEndpoints) > 0) && !p.HasEndpoints {
 		t.Fatalf("%s: usable endpoints but HasEndpoints false", p.ID)
 	}
+	checkCategories(t, p)
+}
+
+// checkCategories restates upstream's CategorizeEndpoints rules as
+// properties of the result: ready endpoints first (all of them when no
+// topology applies), else serving and terminating ones, decided separately
+// for the cluster and the local set; HasEndpoints when the cluster set is
+// non-empty or, for a port using the Local policy, any endpoint is usable.
+func checkCategories(t *testing.T, p *ServicePort) {
+	t.Helper()
+	ready := func(e *Endpoint) bool { return e.Ready }
+	st := func(e *Endpoint) bool { return e.Serving && e.Terminating }
+	local := func(keep func(*Endpoint) bool) func(*Endpoint) bool {
+		return func(e *Endpoint) bool { return e.IsLocal && keep(e) }
+	}
+	if p.UsesClusterEndpoints() {
+		switch {
+		case !slices.ContainsFunc(p.Endpoints, ready):
+			sameSet(t, p, "cluster (fallback)", p.ClusterEndpoints, filter(p.Endpoints, st))
+		case p.TopologyMode == "":
+			sameSet(t, p, "cluster", p.ClusterEndpoints, filter(p.Endpoints, ready))
+		default:
+			for _, e := range p.ClusterEndpoints {
+				if !e.Ready {
+					t.Fatalf("%s: topology-filtered cluster set holds non-ready %s", p.ID, e)
+				}
+			}
+			if p.ClusterEndpoints == nil {
+				t.Fatalf("%s: topology %s chosen but no endpoint matches", p.ID, p.TopologyMode)
+			}
+		}
+	}
+	if p.UsesLocalEndpoints() {
+		want := filter(p.Endpoints, local(ready))
+		if want == nil {
+			want = filter(p.Endpoints, local(st))
+		}
+		sameSet(t, p, "local", p.LocalEndpoints, want)
+	}
+	usable := slices.ContainsFunc(p.Endpoints, func(e *Endpoint) bool { return e.Ready || st(e) })
+	wantHas := p.UsesClusterEndpoints() && p.ClusterEndpoints != nil || p.UsesLocalEndpoints() && usable
+	if p.HasEndpoints != wantHas {
+		t.Fatalf("%s: HasEndpoints %v, want %v", p.ID, p.HasEndpoints, wantHas)
+	}
+}
+
+func sameSet(t *testing.T, p *ServicePort, what string, got, want []*Endpoint) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Fatalf("%s: %s endpoints %q, want %q", p.ID, what, epList(got), epList(want))
+	}
 }
 
 // checkSubset checks that sub is nil or a non-empty, ordered subsequence of

@@ -106,7 +106,8 @@ func (s *EndpointSlice) Key() Key { return Key{s.Namespace, s.Name} }
 // ServiceKey returns the namespace and name of the Service the slice belongs to.
 func (s *EndpointSlice) ServiceKey() Key { return Key{s.Namespace, s.ServiceName} }
 
-// EndpointPort is one entry of an EndpointSlice's ports. A nil Name means unnamed.
+// EndpointPort is one entry of an EndpointSlice's ports. Name "" is an
+// unnamed port (the API server defaults a missing name to "").
 type EndpointPort struct {
 	Name     string
 	Protocol string // "" means TCP
