@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -37,6 +38,11 @@ func (d *daemon) serve(ctx context.Context) error {
 	}
 	d.obs.Started(d.fams)
 	wg.Go(func() { d.runner.Run(ctx) })
+	if d.o.ConfigFile != "" {
+		if initial, err := os.ReadFile(d.o.ConfigFile); err == nil {
+			wg.Go(func() { watchConfigFile(ctx, d.o.ConfigFile, initial, configPollInterval, d.errc) })
+		}
+	}
 	klog.FromContext(ctx).Info("kproxy running", "mode", d.mode, "node", d.nodeName)
 
 	select {

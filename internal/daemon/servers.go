@@ -32,7 +32,7 @@ type ServerParams struct {
 func defaultServers(p ServerParams) ([]Server, []Observer, error) {
 	cfg := p.Options.Config
 	reg := metrics.NewRegistry()
-	m, err := metrics.New(reg, metrics.Options{Mode: p.Mode})
+	m, err := metrics.New(reg, metrics.Options{Mode: p.Mode, FeatureGate: p.Options.FeatureGate})
 	if err != nil {
 		return nil, nil, fmt.Errorf("registering metrics: %w", err)
 	}
@@ -62,10 +62,7 @@ func defaultServers(p ServerParams) ([]Server, []Observer, error) {
 
 // configz is the effective configuration as /configz shows it.
 func configz(cfg *kpv1alpha1.KubeProxyConfiguration) any {
-	c := cfg.DeepCopy()
-	c.APIVersion = kpv1alpha1.SchemeGroupVersion.String()
-	c.Kind = "KubeProxyConfiguration"
-	return c
+	return config.Canonical(cfg)
 }
 
 // serverObserver feeds the health and metrics servers from the sync loop.

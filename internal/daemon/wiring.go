@@ -2,7 +2,7 @@ package daemon
 
 import (
 	"fmt"
-	"sync/atomic"
+	"sync"
 
 	"k8s.io/klog/v2"
 
@@ -39,29 +39,59 @@ func defaultInputs(o *config.Options, nodeName string, notify func()) (Inputs, e
 }
 
 // lateObserver is the tracker's changes.Observer: it forwards to an
-// observer set later (the metrics), and drops events until then.
+// observer set later (the metrics). Events before that are counted and
+// replayed when the observer arrives, so the totals match upstream's.
 type lateObserver struct {
-	o atomic.Pointer[ChangeObserver]
+	mu                    sync.Mutex
+	o                     ChangeObserver
+	svc, eps              int
+	svcPending, epPending int
+	pending               *[2]int
 }
 
-func (l *lateObserver) set(o ChangeObserver) { l.o.Store(&o) }
+func (l *lateObserver) set(o ChangeObserver) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for range l.svc {
+		o.ServiceChanged(l.svcPending)
+	}
+	for range l.eps {
+		o.EndpointsChanged(l.epPending)
+	}
+	if l.pending != nil {
+		o.ChangesPending(l.pending[0], l.pending[1])
+	}
+	l.o = o
+}
 
 func (l *lateObserver) ServiceChanged(pending int) {
-	if o := l.o.Load(); o != nil {
-		(*o).ServiceChanged(pending)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.o == nil {
+		l.svc, l.svcPending = l.svc+1, pending
+		return
 	}
+	l.o.ServiceChanged(pending)
 }
 
 func (l *lateObserver) EndpointsChanged(pending int) {
-	if o := l.o.Load(); o != nil {
-		(*o).EndpointsChanged(pending)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.o == nil {
+		l.eps, l.epPending = l.eps+1, pending
+		return
 	}
+	l.o.EndpointsChanged(pending)
 }
 
 func (l *lateObserver) ChangesPending(services, endpoints int) {
-	if o := l.o.Load(); o != nil {
-		(*o).ChangesPending(services, endpoints)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.o == nil {
+		l.pending = &[2]int{services, endpoints}
+		return
 	}
+	l.o.ChangesPending(services, endpoints)
 }
 
 // trackerAdapter presents a *changes.Tracker as the daemon's Tracker.
