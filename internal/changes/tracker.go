@@ -61,6 +61,9 @@ type Batch struct {
 	// NodeChanged is true when this node's Node object differs from the last
 	// successful sync (appeared, changed or disappeared).
 	NodeChanged bool
+	// ServiceCIDRsChanged is true when the ServiceCIDR objects differ from
+	// the last successful sync (one added, changed or deleted).
+	ServiceCIDRsChanged bool
 	// TriggerTimes holds, per changed Service, the
 	// endpoints.kubernetes.io/last-change-trigger-time of the EndpointSlice
 	// changes pending for it (only those later than the Tracker's start), for
@@ -126,6 +129,12 @@ type Tracker struct {
 	nodeBase    *objects.Node
 	nodeGen     uint64
 
+	// cidrs are the ServiceCIDRs sorted by name (servicecidrs.go).
+	cidrs        []*objects.ServiceCIDR
+	cidrsPending bool
+	cidrsBase    []*objects.ServiceCIDR
+	cidrsGen     uint64
+
 	synced map[source.Kind]bool
 }
 
@@ -168,15 +177,17 @@ func (t *Tracker) Take() *Batch {
 	t.sharedServices, t.sharedSlices = true, true
 	b := &Batch{
 		Input: model.Input{
-			NodeName: t.nodeName,
-			Node:     t.node,
-			Services: t.services,
-			Slices:   t.bySvc,
+			NodeName:     t.nodeName,
+			Node:         t.node,
+			Services:     t.services,
+			Slices:       t.bySvc,
+			ServiceCIDRs: t.cidrs,
 		},
-		Changed:      make(map[objects.Key]struct{}, len(t.pending)),
-		NodeChanged:  t.nodePending,
-		TriggerTimes: map[objects.Key][]time.Time{},
-		gen:          t.gen,
+		Changed:             make(map[objects.Key]struct{}, len(t.pending)),
+		NodeChanged:         t.nodePending,
+		ServiceCIDRsChanged: t.cidrsPending,
+		TriggerTimes:        map[objects.Key][]time.Time{},
+		gen:                 t.gen,
 	}
 	for k, p := range t.pending {
 		b.Changed[k] = struct{}{}
@@ -207,8 +218,9 @@ func (t *Tracker) Done(b *Batch, ok bool) {
 	if b.NodeChanged || t.nodePending {
 		t.rebaseNode(b)
 	}
+	t.rebaseServiceCIDRs(b)
 	t.obs.ChangesPending(t.svcPending, t.epPending)
-	again := len(t.pending) > 0 || t.nodePending
+	again := len(t.pending) > 0 || t.nodePending || t.cidrsPending
 	t.mu.Unlock()
 	if again {
 		t.notify()
@@ -242,7 +254,8 @@ func (t *Tracker) rebaseNode(b *Batch) {
 }
 
 // Pending returns the number of pending changes: Services with changes not
-// yet synced, plus one when the Node changed.
+// yet synced, plus one when the Node changed, plus one when the ServiceCIDRs
+// changed.
 func (t *Tracker) Pending() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -250,11 +263,15 @@ func (t *Tracker) Pending() int {
 	if t.nodePending {
 		n++
 	}
+	if t.cidrsPending {
+		n++
+	}
 	return n
 }
 
 // Synced reports whether Services and EndpointSlices have both been listed
-// completely (the Node is reported by NodeSynced).
+// completely (the Node is reported by NodeSynced). ServiceCIDRs do not count:
+// as upstream, the proxy does not wait for them.
 func (t *Tracker) Synced() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"sync/atomic"
 
@@ -41,6 +42,8 @@ type daemon struct {
 	// Owned by the runner goroutine.
 	prev     *model.Snapshot
 	problems problemLog
+	// cidrs are the Service ranges the dataplane has (handServiceCIDRs).
+	cidrs []netip.Prefix
 }
 
 // newDaemon builds the daemon's parts. It starts nothing and touches
@@ -130,6 +133,7 @@ func (d *daemon) prepare(ctx context.Context) error {
 		return err
 	}
 	d.dpCfg = cfg
+	d.cidrs = cfg.ServiceCIDRs
 	if d.dp, err = d.env.dataplanes[d.mode](cfg); err != nil {
 		return fmt.Errorf("creating the %s dataplane: %w", d.mode, err)
 	}

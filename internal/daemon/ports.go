@@ -23,6 +23,9 @@ type Batch struct {
 	// changed) since the last successful sync.
 	Changed     map[objects.Key]struct{}
 	NodeChanged bool
+	// ServiceCIDRsChanged is true when the ServiceCIDR objects changed
+	// (Input.ServiceCIDRs holds them all).
+	ServiceCIDRsChanged bool
 	// TriggerTimes are the last-change-trigger-times of the changed
 	// EndpointSlices and Services, for the network programming latency.
 	TriggerTimes []time.Time

@@ -200,5 +200,6 @@ func (d *daemon) dryRun(ctx context.Context) error {
 	snap, problems := buildSnapshot(b)
 	d.problems.log(ctx, problems)
 	d.inputs.Tracker.Done(b, false)
+	d.handServiceCIDRs(ctx, snap)
 	return dr.Render(d.env.stdout, snap)
 }

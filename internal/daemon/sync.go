@@ -20,6 +20,7 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 	b := d.inputs.Tracker.Take()
 	snap, problems := model.Update(d.prev, b.Input, b.Changed)
 	d.problems.log(ctx, problems)
+	d.handServiceCIDRs(ctx, snap)
 
 	err := d.dp.Sync(ctx, snap, dataplane.SyncRequest{Full: req.Full, Changed: b.Changed, NodeChanged: b.NodeChanged})
 	d.inputs.Tracker.Done(b, err == nil)
@@ -39,7 +40,7 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 	report.Duration = d.env.clock.Since(start)
 	d.obs.Synced(report)
 	adaptMemoryLimit()
-	logger.V(2).Info("Sync complete", "reason", req.Reason, "full", req.Full, "changed", len(b.Changed), "elapsed", report.Duration)
+	logger.V(2).Info("Sync complete", "reason", req.Reason, "full", req.Full, "changed", len(b.Changed), "serviceCIDRsChanged", b.ServiceCIDRsChanged, "elapsed", report.Duration)
 	if first {
 		// This mode's rules are in place: the other modes' rules can go
 		// now without leaving a window.

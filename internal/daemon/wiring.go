@@ -105,7 +105,8 @@ func (a trackerAdapter) Take() *Batch {
 	cb := a.t.Take()
 	return &Batch{
 		Input: cb.Input, Changed: cb.Changed, NodeChanged: cb.NodeChanged,
-		TriggerTimes: cb.AllTriggerTimes(), orig: cb,
+		ServiceCIDRsChanged: cb.ServiceCIDRsChanged,
+		TriggerTimes:        cb.AllTriggerTimes(), orig: cb,
 	}
 }
 

@@ -20,6 +20,10 @@ type Input struct {
 	Services map[objects.Key]*objects.Service
 	// Slices holds EndpointSlices keyed by the namespace/name of their Service.
 	Slices map[objects.Key][]*objects.EndpointSlice
+	// ServiceCIDRs holds the cluster's ServiceCIDR objects, sorted by name.
+	// An object is replaced, never changed, when it changes: Update compares
+	// them by pointer.
+	ServiceCIDRs []*objects.ServiceCIDR
 }
 
 // Build makes a Snapshot of the whole input. It also returns every problem
@@ -34,13 +38,16 @@ func Build(in Input) (*Snapshot, []Problem) {
 	for _, k := range keys {
 		b.service(k, in.Services[k], in.Slices[k], &v4, &v6)
 	}
+	cidrs := parseServiceCIDRs(in.ServiceCIDRs)
 	s := &Snapshot{
 		Node:         node,
 		V4:           newFamilySnapshot(IPv4, v4),
 		V6:           newFamilySnapshot(IPv6, v6),
+		ServiceCIDRs: cidrs.prefixes,
 		node:         in.Node,
 		nodeProblems: nodeProbs,
 		svcProblems:  b.svcProblems,
+		cidrs:        cidrs,
 	}
 	return s, s.Problems()
 }
@@ -50,7 +57,8 @@ func Build(in Input) (*Snapshot, []Problem) {
 // or whose slices changed). A nil prev, or a change of the node's name or
 // zone (the only node facts ports depend on), rebuilds everything. The result
 // equals Build(in). The problems returned are those of the rebuilt Services,
-// and of the Node when in.Node is another object than prev's.
+// of the Node when in.Node is another object than prev's, and of the
+// ServiceCIDRs when in.ServiceCIDRs holds other objects than prev's.
 func Update(prev *Snapshot, in Input, changed map[objects.Key]struct{}) (*Snapshot, []Problem) {
 	if prev == nil || prev.V4 == nil || prev.V6 == nil {
 		return Build(in)
@@ -66,6 +74,10 @@ func Update(prev *Snapshot, in Input, changed map[objects.Key]struct{}) (*Snapsh
 	}
 	b := newBuilder(node)
 	b.svcProblems = prev.svcProblems
+	cidrs, parsed := updateServiceCIDRs(prev.cidrs, in.ServiceCIDRs)
+	if parsed {
+		probs = append(probs, cidrs.problems...)
+	}
 	keys := slices.SortedFunc(maps.Keys(changed), compareKeys)
 	var v4, v6 []*ServicePort
 	for _, k := range keys {
@@ -75,16 +87,20 @@ func Update(prev *Snapshot, in Input, changed map[objects.Key]struct{}) (*Snapsh
 		Node:         node,
 		V4:           prev.V4.replace(keys, v4),
 		V6:           prev.V6.replace(keys, v6),
+		ServiceCIDRs: cidrs.prefixes,
 		node:         in.Node,
 		nodeProblems: nodeProbs,
 		svcProblems:  b.svcProblems,
+		cidrs:        cidrs,
 	}, probs
 }
 
 // Problems returns every problem of the input the snapshot was built from:
-// the Node's first, then each Service's (with its slices'), by Service key.
+// the Node's first, then the ServiceCIDRs' (by name), then each Service's
+// (with its slices'), by Service key.
 func (s *Snapshot) Problems() []Problem {
 	out := slices.Clone(s.nodeProblems)
+	out = append(out, s.cidrs.problems...)
 	for _, k := range slices.SortedFunc(maps.Keys(s.svcProblems), compareKeys) {
 		out = append(out, s.svcProblems[k]...)
 	}

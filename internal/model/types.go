@@ -87,6 +87,11 @@ type Snapshot struct {
 	// appears in both; a single-stack one in one. Never nil.
 	V4 *FamilySnapshot
 	V6 *FamilySnapshot
+	// ServiceCIDRs are the cluster's Service IP ranges: the valid entries of
+	// every ServiceCIDR object's spec.cidrs, masked, each once, IPv4 first
+	// (see ServiceCIDRsOf). Dataplanes that drop traffic to unallocated
+	// addresses of these ranges read them; nil when no ServiceCIDR is known.
+	ServiceCIDRs []netip.Prefix
 
 	// node is the object Node was made from; Update reuses Node while the
 	// pointer stays the same.
@@ -95,6 +100,8 @@ type Snapshot struct {
 	// that Problems can list them all (svcProblems is nil when empty).
 	nodeProblems []Problem
 	svcProblems  map[objects.Key][]Problem
+	// cidrs is what ServiceCIDRs was parsed from, with its problems.
+	cidrs serviceCIDRs
 }
 
 // Family returns the per-family part of the snapshot.

@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -169,5 +170,28 @@ func TestSliceProxied(t *testing.T) {
 		if got := SliceProxied(es); got != tc.want {
 			t.Errorf("%s: SliceProxied = %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+func TestFromServiceCIDR(t *testing.T) {
+	now := metav1.Now()
+	c := &networkingv1.ServiceCIDR{
+		ObjectMeta: metav1.ObjectMeta{Name: "kubernetes", ResourceVersion: "3", DeletionTimestamp: &now},
+		Spec:       networkingv1.ServiceCIDRSpec{CIDRs: []string{"198.18.128.0/17", "fd00:0:0:ffff::/112"}},
+	}
+	want := &ServiceCIDR{Name: "kubernetes", ResourceVersion: "3", CIDRs: []string{"198.18.128.0/17", "fd00:0:0:ffff::/112"}}
+	got := FromServiceCIDR(c)
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("FromServiceCIDR = %+v, want %+v", got, want)
+	}
+	c.Spec.CIDRs[0] = "changed"
+	if got.CIDRs[0] != "198.18.128.0/17" {
+		t.Errorf("FromServiceCIDR shares spec.cidrs with its input")
+	}
+	if k := got.Key(); k != (Key{Name: "kubernetes"}) || k.String() != "kubernetes" {
+		t.Errorf("Key = %+v", k)
+	}
+	if empty := FromServiceCIDR(&networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "e"}, Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{}}}); empty.CIDRs != nil {
+		t.Errorf("empty spec.cidrs = %#v, want nil", empty.CIDRs)
 	}
 }

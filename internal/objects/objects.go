@@ -1,7 +1,7 @@
 // Package objects holds the slim forms of the Kubernetes objects kproxy watches.
 //
-// Sources (the API informers and the file source) convert Services, EndpointSlices
-// and Nodes into these structs before caching them, so that only the fields the
+// Sources (the API informers and the file source) convert Services, EndpointSlices,
+// Nodes and ServiceCIDRs into these structs before caching them, so that only the fields the
 // proxy needs stay in memory. The model package reads nothing else. Addresses are
 // kept as the API wrote them (strings); the model parses and validates them, so a
 // malformed object is reported once, in one place.

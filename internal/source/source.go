@@ -12,6 +12,11 @@ const (
 	Services Kind = iota
 	EndpointSlices
 	Nodes
+	// ServiceCIDRs are the cluster's networking.k8s.io/v1 ServiceCIDR
+	// objects. Unlike the other kinds they may never be listed (an API
+	// server without the resource, RBAC that forbids it): nothing waits
+	// for them, as upstream kube-proxy does not.
+	ServiceCIDRs
 )
 
 func (k Kind) String() string {
@@ -22,6 +27,8 @@ func (k Kind) String() string {
 		return "EndpointSlices"
 	case Nodes:
 		return "Node"
+	case ServiceCIDRs:
+		return "ServiceCIDRs"
 	}
 	return "unknown"
 }
@@ -47,6 +54,10 @@ type Handler interface {
 	OnNode(node *objects.Node)
 	// OnNodeDeleted reports that this node's Node object is gone.
 	OnNodeDeleted()
+	// OnServiceCIDR reports a ServiceCIDR that was added or updated.
+	OnServiceCIDR(c *objects.ServiceCIDR)
+	// OnServiceCIDRDeleted reports that the ServiceCIDR called name is gone.
+	OnServiceCIDRDeleted(name string)
 	// OnSynced reports that kind has been listed completely once. It is
 	// called once per kind, after the events of the initial list.
 	OnSynced(kind Kind)

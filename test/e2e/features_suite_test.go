@@ -27,12 +27,21 @@ func TestFeatures(t *testing.T) {
 			}
 			for _, v := range featureVariants {
 				t.Run(v.name, func(t *testing.T) {
+					if v.mode != "" && v.mode != mode {
+						t.Skipf("%s mode only", v.mode)
+					}
+					if v.setup != nil {
+						v.setup(t, b)
+					}
 					b.restartKproxys(t, v.flags...)
 					for _, f := range families {
 						t.Run(f.name, func(t *testing.T) {
 							v.run(t, b, f)
 							b.checkKproxysRunning(t)
 						})
+					}
+					if v.teardown != nil {
+						v.teardown(t, b)
 					}
 				})
 			}
@@ -47,6 +56,7 @@ var featureCases = []fcase{
 	{"ClusterIPProtocolsOnOnePort", testProtocolsOnOnePort},
 	{"ClusterIPTargetPortRemap", testTargetPortRemap},
 	{"ClusterIPUnknownPortRejected", testUnknownPortRejected},
+	{"ServiceCIDR", testServiceCIDR}, // features_servicecidr_test.go (nftables mode only)
 	// features_external_test.go
 	{"LoadBalancerIngress", testLoadBalancerIngress},
 	{"LoadBalancerNoNodePorts", testLoadBalancerNoNodePorts},
@@ -69,20 +79,29 @@ var featureCases = []fcase{
 	{"NoBlackholeOnAddBack", testNoBlackholeOnAddBack},
 	{"RestartUnderTraffic", testRestartUnderTraffic},
 	{"FlushRepair", testFlushRepair},
+	// features_iptables_test.go (iptables mode only)
+	{"LocalhostNodePort", testLocalhostNodePort},
 }
 
 // featureVariants need kproxy restarted with other flags; each runs for
 // both families after the restart.
+// A variant with a mode runs in that mode only; setup runs before the
+// restart, teardown after both families.
 var featureVariants = []struct {
-	name  string
-	flags []string
-	run   func(t *testing.T, b *fbed, f family)
+	name            string
+	flags           []string
+	run             func(t *testing.T, b *fbed, f family)
+	mode            string
+	setup, teardown func(t *testing.T, b *fbed)
 }{
-	{"NodePortAddresses", []string{"--nodeport-addresses", nodePortCIDRs}, testNodePortAddresses},
-	{"MasqueradeAll", []string{"--masquerade-all"}, testMasqueradeAll},
-	{"DetectLocalNodeCIDR", []string{"--detect-local-mode", "NodeCIDR"}, testDetectLocal},
-	{"DetectLocalBridgeInterface", []string{"--detect-local-mode", "BridgeInterface", "--pod-bridge-interface", "cbr0"}, testDetectLocal},
+	{"NodePortAddresses", []string{"--nodeport-addresses", nodePortCIDRs}, testNodePortAddresses, "", nil, nil},
+	{"MasqueradeAll", []string{"--masquerade-all"}, testMasqueradeAll, "", nil, nil},
+	{"DetectLocalNodeCIDR", []string{"--detect-local-mode", "NodeCIDR"}, testDetectLocal, "", nil, nil},
+	{"DetectLocalBridgeInterface", []string{"--detect-local-mode", "BridgeInterface", "--pod-bridge-interface", "cbr0"}, testDetectLocal, "", nil, nil},
 	// Pod traffic reaches the IP layer from the pod bridge (br_netfilter hands
 	// it up with the bridge as input interface), so the prefix names cbr0.
-	{"DetectLocalInterfaceNamePrefix", []string{"--detect-local-mode", "InterfaceNamePrefix", "--pod-interface-name-prefix", "cbr"}, testDetectLocal},
+	{"DetectLocalInterfaceNamePrefix", []string{"--detect-local-mode", "InterfaceNamePrefix", "--pod-interface-name-prefix", "cbr"}, testDetectLocal, "", nil, nil},
+	// features_iptables_test.go
+	{"NoLocalhostNodePorts", []string{"--iptables-localhost-nodeports=false"}, testNoLocalhostNodePorts, "iptables", nil, nil},
+	{"LegacyBackend", nil, testLegacyBackend, "iptables", setupLegacy, teardownLegacy},
 }

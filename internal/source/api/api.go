@@ -1,5 +1,6 @@
 // Package api is kproxy's Kubernetes API source: client-go shared informers
-// for Services, EndpointSlices and this node's Node, selecting as upstream
+// for Services, EndpointSlices, this node's Node and the ServiceCIDRs,
+// selecting as upstream
 // kube-proxy does, converting every object to its slim form before it is
 // cached, and reporting events to a source.Handler.
 package api
@@ -32,7 +33,7 @@ type Source struct {
 }
 
 // New returns a Source that reports to h the Services and EndpointSlices kproxy
-// proxies and the Node called nodeName. resync is the informers' resync period
+// proxies, the Node called nodeName and every ServiceCIDR. resync is the informers' resync period
 // (configSyncPeriod; 0 disables resyncs). New starts nothing.
 func New(client kubernetes.Interface, nodeName string, resync time.Duration, h source.Handler, logger klog.Logger) *Source {
 	return &Source{client: client, nodeName: nodeName, resync: resync, h: h, logger: logger}
@@ -86,7 +87,7 @@ func (s *Source) reportSynced(ctx context.Context, kind source.Kind, reg cache.R
 
 // informers makes one factory per selection, as upstream: Services without a
 // service-proxy-name label and with a cluster IP, EndpointSlices without the
-// headless label, and the Node called nodeName.
+// headless label, the Node called nodeName, and all ServiceCIDRs.
 func (s *Source) informers() ([]informers.SharedInformerFactory, []watch, error) {
 	noProxyName, err := labels.NewRequirement(objects.LabelServiceProxyName, selection.DoesNotExist, nil)
 	if err != nil {
@@ -109,16 +110,21 @@ func (s *Source) informers() ([]informers.SharedInformerFactory, []watch, error)
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.nodeName).String()
 		}))
+	// All ServiceCIDRs. If the server lacks the resource or RBAC forbids
+	// it, this informer keeps retrying (logging each failure) and never
+	// syncs; nothing waits for it.
+	cidrF := informers.NewSharedInformerFactoryWithOptions(s.client, s.resync)
 	watches := []watch{
 		{source.Services, svcF.Core().V1().Services().Informer(), s.serviceHandler()},
 		{source.EndpointSlices, sliceF.Discovery().V1().EndpointSlices().Informer(), s.sliceHandler()},
 		{source.Nodes, nodeF.Core().V1().Nodes().Informer(), s.nodeHandler()},
+		{source.ServiceCIDRs, cidrF.Networking().V1().ServiceCIDRs().Informer(), s.serviceCIDRHandler()},
 	}
-	transforms := []cache.TransformFunc{slimService, slimSlice, s.slimNode}
+	transforms := []cache.TransformFunc{slimService, slimSlice, s.slimNode, slimServiceCIDR}
 	for i, w := range watches {
 		if err := w.informer.SetTransform(transforms[i]); err != nil {
 			return nil, nil, fmt.Errorf("watching %s: %w", w.kind, err)
 		}
 	}
-	return []informers.SharedInformerFactory{svcF, sliceF, nodeF}, watches, nil
+	return []informers.SharedInformerFactory{svcF, sliceF, nodeF, cidrF}, watches, nil
 }

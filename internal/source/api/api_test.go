@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,10 +11,13 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	componentbaseconfig "k8s.io/component-base/config/v1alpha1"
 	"k8s.io/klog/v2/ktesting"
@@ -50,10 +54,18 @@ func node(name, zone string) *corev1.Node {
 	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{objects.LabelTopologyZone: zone}}}
 }
 
+func serviceCIDR(name string, cidrs ...string) *networkingv1.ServiceCIDR {
+	return &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: networkingv1.ServiceCIDRSpec{CIDRs: cidrs}}
+}
+
 // start runs a Source on a fake clientset holding objs until the test ends.
 func start(t *testing.T, objs ...runtime.Object) (kubernetes.Interface, *sourcetest.Recorder) {
 	t.Helper()
-	client := fake.NewClientset(objs...)
+	return startClient(t, fake.NewClientset(objs...))
+}
+
+func startClient(t *testing.T, client *fake.Clientset) (kubernetes.Interface, *sourcetest.Recorder) {
+	t.Helper()
 	rec := sourcetest.NewRecorder()
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
@@ -79,10 +91,12 @@ func TestInitialList(t *testing.T) {
 		endpointSlice("a-1", "a"),
 		endpointSlice("headless-1", "headless", objects.LabelHeadless),
 		node("node-a", "z1"), node("node-b", "z2"),
+		serviceCIDR("kubernetes", "198.18.128.0/17", "fd00:0:0:ffff::/112"),
 	)
-	got := rec.WaitFor(t, "synced Services", "synced EndpointSlices", "synced Node")
+	got := rec.WaitFor(t, "synced Services", "synced EndpointSlices", "synced Node", "synced ServiceCIDRs")
 	slices.Sort(got)
-	want := []string{"node node-a", "service ns/a", "slice ns/a-1", "synced EndpointSlices", "synced Node", "synced Services"}
+	want := []string{"node node-a", "service ns/a", "servicecidr kubernetes", "slice ns/a-1",
+		"synced EndpointSlices", "synced Node", "synced ServiceCIDRs", "synced Services"}
 	if !slices.Equal(got, want) {
 		t.Errorf("events = %q, want %q", got, want)
 	}
@@ -174,6 +188,56 @@ func TestNodeEvents(t *testing.T) {
 	}
 }
 
+func TestServiceCIDREvents(t *testing.T) {
+	client, rec := start(t, serviceCIDR("kubernetes", "198.18.128.0/17"))
+	rec.WaitFor(t, "synced ServiceCIDRs", "servicecidr kubernetes")
+	ctx := context.Background()
+	cidrs := client.NetworkingV1().ServiceCIDRs()
+	mustDo(t, func() error {
+		_, err := cidrs.Create(ctx, serviceCIDR("extra", "198.18.200.0/24"), metav1.CreateOptions{})
+		return err
+	})
+	rec.WaitFor(t, "servicecidr extra")
+	mustDo(t, func() error {
+		_, err := cidrs.Update(ctx, serviceCIDR("extra", "198.18.200.0/24", "fd00:0:0:fffe::/112"), metav1.UpdateOptions{})
+		return err
+	})
+	rec.WaitFor(t, "servicecidr extra")
+	rec.Do(func(r *sourcetest.Recorder) {
+		if got := r.ServiceCIDRs["extra"].CIDRs; !slices.Equal(got, []string{"198.18.200.0/24", "fd00:0:0:fffe::/112"}) {
+			t.Errorf("cidrs after update = %q", got)
+		}
+	})
+	mustDo(t, func() error { return cidrs.Delete(ctx, "extra", metav1.DeleteOptions{}) })
+	rec.WaitFor(t, "servicecidr-deleted extra")
+}
+
+// As upstream, ServiceCIDRs the source may not list (RBAC, an API server
+// without the resource) do not hold back the other kinds.
+func TestServiceCIDRsForbidden(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{
+		{"forbidden", apierrors.NewForbidden(networkingv1.Resource("servicecidrs"), "", errors.New("RBAC says no"))},
+		{"not found", apierrors.NewNotFound(networkingv1.Resource("servicecidrs"), "")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset(service("a", "198.18.0.1"), node("node-a", "z1"))
+			client.PrependReactor("list", "servicecidrs", func(k8stesting.Action) (bool, runtime.Object, error) {
+				return true, nil, tc.err
+			})
+			_, rec := startClient(t, client)
+			got := rec.WaitFor(t, "synced Services", "synced EndpointSlices", "synced Node", "service ns/a", "node node-a")
+			time.Sleep(100 * time.Millisecond)
+			got = append(got, rec.Take()...)
+			if slices.Contains(got, "synced ServiceCIDRs") {
+				t.Errorf("ServiceCIDRs reported synced although listing them failed: %q", got)
+			}
+		})
+	}
+}
+
 func TestTransformsStoreSlimEntries(t *testing.T) {
 	obj, _ := slimService(service("a", "198.18.0.1"))
 	e, ok := obj.(*entry)
@@ -192,6 +256,13 @@ func TestTransformsStoreSlimEntries(t *testing.T) {
 	obj, _ = slimService(service("h", "None"))
 	if obj.(*entry).obj != nil {
 		t.Errorf("headless Service cached with its object")
+	}
+	obj, _ = slimServiceCIDR(serviceCIDR("kubernetes", "198.18.128.0/17"))
+	if c, ok := obj.(*entry).obj.(*objects.ServiceCIDR); !ok || c.Name != "kubernetes" || obj.(*entry).key() != (objects.Key{Name: "kubernetes"}) {
+		t.Errorf("slimServiceCIDR = %+v", obj)
+	}
+	if again, _ := slimServiceCIDR(obj); again != obj {
+		t.Errorf("slimServiceCIDR is not idempotent")
 	}
 	obj, _ = slimSlice(endpointSlice("a-1", "a", objects.LabelHeadless))
 	if obj.(*entry).obj != nil {

@@ -55,6 +55,15 @@ func (s *Source) nodeHandler() cache.ResourceEventHandler {
 	return handlerFuncs(put, del)
 }
 
+func (s *Source) serviceCIDRHandler() cache.ResourceEventHandler {
+	put := func(obj any, _ bool) {
+		if c, ok := s.entryOf(obj).obj.(*objects.ServiceCIDR); ok {
+			s.h.OnServiceCIDR(c)
+		}
+	}
+	return handlerFuncs(put, func(e *entry) { s.h.OnServiceCIDRDeleted(e.name) })
+}
+
 // handlerFuncs builds informer callbacks: adds and updates go to put (an
 // entry without an object matters only as an update: the object stopped
 // being proxied), and deletions (also those seen only as a tombstone) to del.

@@ -3,6 +3,7 @@ package api
 import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kproxy/kproxy/internal/objects"
@@ -16,7 +17,7 @@ import (
 // being proxied arrive as an update, which the handler turns into a deletion.
 type entry struct {
 	namespace, name, resourceVersion string
-	obj                              any // *objects.Service, *objects.EndpointSlice, *objects.Node or nil
+	obj                              any // *objects.Service, *objects.EndpointSlice, *objects.Node, *objects.ServiceCIDR or nil
 }
 
 // GetObjectMeta lets the informer's key and index functions read the entry.
@@ -64,4 +65,12 @@ func (s *Source) slimNode(obj any) (any, error) {
 		e.obj = objects.FromNode(n)
 	}
 	return e, nil
+}
+
+func slimServiceCIDR(obj any) (any, error) {
+	c, ok := obj.(*networkingv1.ServiceCIDR)
+	if !ok {
+		return obj, nil
+	}
+	return &entry{name: c.Name, resourceVersion: c.ResourceVersion, obj: objects.FromServiceCIDR(c)}, nil
 }

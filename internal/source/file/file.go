@@ -1,5 +1,6 @@
 // Package file is kproxy's file source (--source-file, a kproxy extension): a
-// multi-document YAML file of Services, EndpointSlices and Nodes, polled for
+// multi-document YAML file of Services, EndpointSlices, Nodes and
+// ServiceCIDRs, polled for
 // changes, whose differences from the previous read are reported to a
 // source.Handler. It lets kproxy run with no cluster at all.
 package file
@@ -36,6 +37,7 @@ type Source struct {
 	services map[objects.Key]*objects.Service
 	slices   map[objects.Key]*objects.EndpointSlice
 	node     *objects.Node
+	cidrs    map[objects.Key]*objects.ServiceCIDR
 }
 
 // stamp is what a stat tells about the file; a change means "read it again".
@@ -52,6 +54,7 @@ func New(path, nodeName string, h source.Handler, logger klog.Logger) *Source {
 		path: path, nodeName: nodeName, h: h, logger: logger, interval: DefaultInterval,
 		services: map[objects.Key]*objects.Service{},
 		slices:   map[objects.Key]*objects.EndpointSlice{},
+		cidrs:    map[objects.Key]*objects.ServiceCIDR{},
 	}
 }
 
@@ -64,7 +67,7 @@ func (s *Source) Run(ctx context.Context) error {
 	if err := s.check(true); err != nil {
 		return err
 	}
-	for _, k := range []source.Kind{source.Services, source.EndpointSlices, source.Nodes} {
+	for _, k := range []source.Kind{source.Services, source.EndpointSlices, source.Nodes, source.ServiceCIDRs} {
 		s.h.OnSynced(k)
 	}
 	t := time.NewTicker(s.interval)
@@ -107,7 +110,7 @@ func (s *Source) check(force bool) error {
 		s.logger.Error(p, "Skipping malformed document in the source file", "path", s.path)
 	}
 	s.apply(objs)
-	s.logger.V(2).Info("Read the source file", "path", s.path, "services", len(s.services), "endpointSlices", len(s.slices), "node", s.node != nil, "problems", len(problems))
+	s.logger.V(2).Info("Read the source file", "path", s.path, "services", len(s.services), "endpointSlices", len(s.slices), "node", s.node != nil, "serviceCIDRs", len(s.cidrs), "problems", len(problems))
 	return nil
 }
 
@@ -121,9 +124,14 @@ func (s *Source) apply(objs Objects) {
 	for _, es := range objs.Slices {
 		slices[es.Key()] = es
 	}
+	cidrs := make(map[objects.Key]*objects.ServiceCIDR, len(objs.ServiceCIDRs))
+	for _, c := range objs.ServiceCIDRs {
+		cidrs[c.Key()] = c
+	}
 	diff(s.services, services, s.h.OnService, s.h.OnServiceDeleted)
 	diff(s.slices, slices, s.h.OnSlice, s.h.OnSliceDeleted)
-	s.services, s.slices = services, slices
+	diff(s.cidrs, cidrs, s.h.OnServiceCIDR, func(k objects.Key) { s.h.OnServiceCIDRDeleted(k.Name) })
+	s.services, s.slices, s.cidrs = services, slices, cidrs
 	s.applyNode(objs.Nodes)
 }
 

@@ -42,6 +42,11 @@ metadata: {name: node-a, labels: {topology.kubernetes.io/zone: ZONE}}
 kind: Node
 metadata: {name: node-b}
 `
+	cidrDefault = `apiVersion: networking.k8s.io/v1
+kind: ServiceCIDR
+metadata: {name: kubernetes}
+spec: {cidrs: [CIDRS]}
+`
 )
 
 func docs(d ...string) string { return strings.Join(d, "---\n") }
@@ -81,8 +86,8 @@ func sorted(s []string) []string { slices.Sort(s); return s }
 
 func TestFileSource(t *testing.T) {
 	path, rec := startFile(t, docs(strings.Replace(svcA, "PORT", "80", 1), svcB, sliceA, nodeB))
-	got := sorted(rec.WaitFor(t, "synced Services", "synced EndpointSlices", "synced Node"))
-	want := []string{"service ns/a", "service ns/b", "slice ns/a-1", "synced EndpointSlices", "synced Node", "synced Services"}
+	got := sorted(rec.WaitFor(t, "synced Services", "synced EndpointSlices", "synced Node", "synced ServiceCIDRs"))
+	want := []string{"service ns/a", "service ns/b", "slice ns/a-1", "synced EndpointSlices", "synced Node", "synced ServiceCIDRs", "synced Services"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("first read: %q, want %q", got, want)
 	}
@@ -98,8 +103,12 @@ func TestFileSource(t *testing.T) {
 			[]string{"node node-a"}},
 		{"malformed document deletes its object only", docs(strings.Replace(svcA, "PORT", "http", 1), sliceA, strings.Replace(nodeA, "ZONE", "z2", 1)),
 			[]string{"service-deleted ns/a"}},
-		{"node and slice removed", docs(strings.Replace(svcA, "PORT", "81", 1)),
-			[]string{"node-deleted", "service ns/a", "slice-deleted ns/a-1"}},
+		{"node and slice removed, ServiceCIDR added", docs(strings.Replace(svcA, "PORT", "81", 1), strings.Replace(cidrDefault, "CIDRS", "198.18.128.0/17", 1)),
+			[]string{"node-deleted", "service ns/a", "servicecidr kubernetes", "slice-deleted ns/a-1"}},
+		{"ServiceCIDR grows", docs(strings.Replace(svcA, "PORT", "81", 1), strings.Replace(cidrDefault, "CIDRS", "198.18.128.0/17, fd00:0:0:ffff::/112", 1)),
+			[]string{"servicecidr kubernetes"}},
+		{"ServiceCIDR removed", docs(strings.Replace(svcA, "PORT", "81", 1)),
+			[]string{"servicecidr-deleted kubernetes"}},
 	}
 	for _, st := range steps {
 		write(t, path, st.content)
@@ -112,8 +121,8 @@ func TestFileSource(t *testing.T) {
 	}
 	rec.Do(func(r *sourcetest.Recorder) {
 		a := r.Services[objects.Key{Namespace: "ns", Name: "a"}]
-		if len(r.Services) != 1 || a == nil || a.Ports[0].Port != 81 || len(r.Slices) != 0 || r.Node != nil {
-			t.Errorf("final state: services %v slices %v node %v", r.Services, r.Slices, r.Node)
+		if len(r.Services) != 1 || a == nil || a.Ports[0].Port != 81 || len(r.Slices) != 0 || r.Node != nil || len(r.ServiceCIDRs) != 0 {
+			t.Errorf("final state: services %v slices %v node %v serviceCIDRs %v", r.Services, r.Slices, r.Node, r.ServiceCIDRs)
 		}
 	})
 }

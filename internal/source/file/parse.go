@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
@@ -18,11 +19,13 @@ import (
 )
 
 // Objects is what one read of the file yields: the Services and
-// EndpointSlices kproxy proxies, and every Node, in file order.
+// EndpointSlices kproxy proxies, and every Node and ServiceCIDR, in file
+// order.
 type Objects struct {
-	Services []*objects.Service
-	Slices   []*objects.EndpointSlice
-	Nodes    []*objects.Node
+	Services     []*objects.Service
+	Slices       []*objects.EndpointSlice
+	Nodes        []*objects.Node
+	ServiceCIDRs []*objects.ServiceCIDR
 }
 
 // DocError is a problem with one document of the file; the document is
@@ -64,9 +67,10 @@ type header struct {
 	} `json:"metadata"`
 }
 
-// Parse reads a multi-document YAML file of Services, EndpointSlices and
-// Nodes (standard Kubernetes objects: apiVersion v1 and discovery.k8s.io/v1;
-// a v1 kind: List holding them also works). Each malformed document (bad
+// Parse reads a multi-document YAML file of Services, EndpointSlices, Nodes
+// and ServiceCIDRs (standard Kubernetes objects: apiVersion v1,
+// discovery.k8s.io/v1 and networking.k8s.io/v1; a v1 kind: List holding them
+// also works). Each malformed document (bad
 // YAML, wrong types, unknown or duplicate fields, missing names, unsupported
 // kinds) yields a *DocError and is skipped. Services and EndpointSlices
 // without a namespace get "default". Objects kproxy does not proxy (headless
@@ -127,7 +131,7 @@ func (p *parser) document(data []byte) {
 	}
 }
 
-// object decodes one Service, EndpointSlice or Node.
+// object decodes one Service, EndpointSlice, Node or ServiceCIDR.
 func (p *parser) object(data []byte, h *header, item int) {
 	if (h.Kind == "Service" || h.Kind == "EndpointSlice") && h.Metadata.Name != "" && h.Metadata.Namespace == "" {
 		h.Metadata.Namespace = "default"
@@ -140,12 +144,14 @@ func (p *parser) object(data []byte, h *header, item int) {
 		err = p.slice(data, h)
 	case h.Kind == "Node" && h.APIVersion == "v1":
 		err = p.node(data, h)
+	case h.Kind == "ServiceCIDR" && h.APIVersion == "networking.k8s.io/v1":
+		err = p.serviceCIDR(data, h)
 	case h.Kind == "":
 		err = errors.New("kind: missing")
-	case h.Kind == "Service" || h.Kind == "EndpointSlice" || h.Kind == "Node":
+	case h.Kind == "Service" || h.Kind == "EndpointSlice" || h.Kind == "Node" || h.Kind == "ServiceCIDR":
 		err = fmt.Errorf("apiVersion: %q is not supported for %s", h.APIVersion, h.Kind)
 	default:
-		err = fmt.Errorf("kind: %q is not supported (want Service, EndpointSlice or Node)", h.Kind)
+		err = fmt.Errorf("kind: %q is not supported (want Service, EndpointSlice, Node or ServiceCIDR)", h.Kind)
 	}
 	if err != nil {
 		p.fail(h, item, err)
@@ -202,14 +208,31 @@ func (p *parser) node(data []byte, h *header) error {
 	return nil
 }
 
+func (p *parser) serviceCIDR(data []byte, h *header) error {
+	var c networkingv1.ServiceCIDR
+	if err := decode(data, &c); err != nil {
+		return err
+	}
+	ns := ""
+	if err := p.identify(h, &ns, c.Name); err != nil {
+		return err
+	}
+	sc := objects.FromServiceCIDR(&c)
+	sc.ResourceVersion = ""
+	p.objs.ServiceCIDRs = append(p.objs.ServiceCIDRs, sc)
+	return nil
+}
+
+// clusterScoped names the kinds without a namespace.
+func clusterScoped(kind string) bool { return kind == "Node" || kind == "ServiceCIDR" }
+
 // identify checks the name, defaults a namespaced object's namespace
-// (namespace is nil for Nodes) and rejects a second object with the same
-// kind and key.
+// and rejects a second object with the same kind and key.
 func (p *parser) identify(h *header, namespace *string, name string) error {
 	if name == "" {
 		return errors.New("metadata.name: missing")
 	}
-	if h.Kind != "Node" && *namespace == "" {
+	if !clusterScoped(h.Kind) && *namespace == "" {
 		*namespace = "default"
 		h.Metadata.Namespace = "default"
 	}
@@ -248,6 +271,8 @@ func newLike(obj any) any {
 		return &discoveryv1.EndpointSlice{}
 	case *corev1.Node:
 		return &corev1.Node{}
+	case *networkingv1.ServiceCIDR:
+		return &networkingv1.ServiceCIDR{}
 	}
 	return &map[string]any{}
 }

@@ -2,6 +2,7 @@ package file
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -94,6 +95,12 @@ func TestParseProblems(t *testing.T) {
 		{"old api version", "apiVersion: discovery.k8s.io/v1beta1\nkind: EndpointSlice\nmetadata: {name: s}",
 			`document 2 (line 9, EndpointSlice default/s): apiVersion: "discovery.k8s.io/v1beta1" is not supported for EndpointSlice`},
 		{"no name", "apiVersion: v1\nkind: Node\nmetadata: {}", `document 2 (line 9, Node): metadata.name: missing`},
+		{"servicecidr unknown field", "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: c}\nspec: {cidr: [198.18.128.0/17]}",
+			`document 2 (line 9, ServiceCIDR c): unknown field "spec.cidr"`},
+		{"servicecidr beta", "apiVersion: networking.k8s.io/v1beta1\nkind: ServiceCIDR\nmetadata: {name: c}",
+			`document 2 (line 9, ServiceCIDR c): apiVersion: "networking.k8s.io/v1beta1" is not supported for ServiceCIDR`},
+		{"duplicate servicecidr", "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: c}\n---\napiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: c}",
+			`document 3 (line 13, ServiceCIDR c): duplicate ServiceCIDR c (first in document 2)`},
 		{"slice without service", "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s, namespace: ns}\naddressType: IPv4",
 			`document 2 (line 9, EndpointSlice ns/s): metadata.labels: missing kubernetes.io/service-name`},
 		{"duplicate object", "apiVersion: v1\nkind: Service\nmetadata: {name: ok, namespace: ns}\nspec: {clusterIP: 198.18.0.3}",
@@ -187,4 +194,34 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestParseServiceCIDR(t *testing.T) {
+	const doc = `apiVersion: networking.k8s.io/v1
+kind: ServiceCIDR
+metadata: {name: kubernetes, resourceVersion: "9"}
+spec: {cidrs: [198.18.128.0/17, "fd00:0:0:ffff::/112"]}
+status: {conditions: [{type: Ready, status: "True", reason: "", message: "", lastTransitionTime: "2026-01-01T00:00:00Z"}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: ServiceCIDR
+metadata: {name: extra, namespace: ignored}
+spec: {cidrs: [198.18.200.0/24]}
+`
+	objs, problems := Parse([]byte(doc))
+	if len(problems) != 0 {
+		t.Fatalf("problems: %v", problems)
+	}
+	want := []objects.ServiceCIDR{
+		{Name: "kubernetes", CIDRs: []string{"198.18.128.0/17", "fd00:0:0:ffff::/112"}},
+		{Name: "extra", CIDRs: []string{"198.18.200.0/24"}},
+	}
+	if len(objs.ServiceCIDRs) != len(want) {
+		t.Fatalf("ServiceCIDRs = %+v", objs.ServiceCIDRs)
+	}
+	for i, c := range objs.ServiceCIDRs {
+		if !reflect.DeepEqual(*c, want[i]) {
+			t.Errorf("ServiceCIDR %d = %+v, want %+v", i, *c, want[i])
+		}
+	}
 }

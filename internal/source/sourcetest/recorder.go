@@ -15,20 +15,27 @@ import (
 
 // Recorder is a source.Handler that logs each event as a line such as
 // "service ns/a", "service-deleted ns/a", "slice ns/a-1", "node n1",
-// "node-deleted", "synced Services", and keeps the last objects seen.
+// "node-deleted", "servicecidr kubernetes", "servicecidr-deleted kubernetes",
+// "synced Services", and keeps the last objects seen.
 type Recorder struct {
 	mu       sync.Mutex
 	events   []string
 	Services map[objects.Key]*objects.Service
 	Slices   map[objects.Key]*objects.EndpointSlice
 	Node     *objects.Node
+	// ServiceCIDRs are keyed by name.
+	ServiceCIDRs map[string]*objects.ServiceCIDR
 }
 
 var _ source.Handler = (*Recorder)(nil)
 
 // NewRecorder returns an empty Recorder.
 func NewRecorder() *Recorder {
-	return &Recorder{Services: map[objects.Key]*objects.Service{}, Slices: map[objects.Key]*objects.EndpointSlice{}}
+	return &Recorder{
+		Services:     map[objects.Key]*objects.Service{},
+		Slices:       map[objects.Key]*objects.EndpointSlice{},
+		ServiceCIDRs: map[string]*objects.ServiceCIDR{},
+	}
 }
 
 func (r *Recorder) add(format string, args ...any) {
@@ -75,6 +82,20 @@ func (r *Recorder) OnNodeDeleted() {
 	defer r.mu.Unlock()
 	r.Node = nil
 	r.add("node-deleted")
+}
+
+func (r *Recorder) OnServiceCIDR(c *objects.ServiceCIDR) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ServiceCIDRs[c.Name] = c
+	r.add("servicecidr %s", c.Name)
+}
+
+func (r *Recorder) OnServiceCIDRDeleted(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.ServiceCIDRs, name)
+	r.add("servicecidr-deleted %s", name)
 }
 
 func (r *Recorder) OnSynced(k source.Kind) {

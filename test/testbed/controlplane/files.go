@@ -20,7 +20,8 @@ const (
 	AdminUser = "admin"
 	// KproxyUser is bound to the bootstrap ClusterRole system:node-proxier,
 	// the permissions upstream kube-proxy runs with (watch Services,
-	// EndpointSlices, Nodes; create Events).
+	// EndpointSlices, Nodes and, since MultiCIDRServiceAllocator is GA,
+	// networking.k8s.io ServiceCIDRs; create Events).
 	KproxyUser = "kproxy"
 	// NodeProxierRole is the ClusterRole KproxyUser is bound to.
 	NodeProxierRole = "system:node-proxier"
