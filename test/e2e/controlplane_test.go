@@ -122,6 +122,7 @@ func TestControlPlaneKproxyUser(t *testing.T) {
 		{"watch", "", "services", true},
 		{"list", "discovery.k8s.io", "endpointslices", true},
 		{"get", "", "nodes", true},
+		{"watch", "networking.k8s.io", "servicecidrs", true},
 		{"create", "events.k8s.io", "events", true},
 		{"create", "", "services", false},
 		{"update", "discovery.k8s.io", "endpointslices", false},
