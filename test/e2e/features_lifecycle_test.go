@@ -109,13 +109,26 @@ func testNoBlackholeOnAddBack(t *testing.T, b *fbed, f family) {
 		if removed.IsZero() || back.IsZero() {
 			t.Fatalf("cycle %d: never saw the reject (%v) or the answer after add-back (%v):%s", cycle, removed, back, describeProbes(rs, 20))
 		}
-		checkAddBackProbes(t, cycle, rs, back, f)
+		if !checkAddBackProbes(t, cycle, rs, back, f) {
+			dumpAddBackState(t, b, r)
+		}
 	}
 }
 
+// dumpAddBackState logs what a late failure needs to be explained: the
+// rules of both nodes (static since the add-back: kproxy syncs at most once
+// per second) and node1's conntrack entries for the ClusterIP (a refused
+// SYN that matched an existing entry would show here).
+func dumpAddBackState(t *testing.T, b *fbed, r echo.Request) {
+	t.Helper()
+	b.dumpRules(t)
+	out, err := b.node(0).Run(context.Background(), "conntrack", "-L", "-d", r.Dst.Addr().String())
+	t.Logf("---- conntrack on node1 for %s (err=%v) ----\n%s", r.Dst.Addr(), err, out)
+}
+
 // checkAddBackProbes fails t for probes that were dropped, or that failed
-// after the Service answered again at back.
-func checkAddBackProbes(t *testing.T, cycle int, rs []probeResult, back time.Time, f family) {
+// after the Service answered again at back; it reports whether all were fine.
+func checkAddBackProbes(t *testing.T, cycle int, rs []probeResult, back time.Time, f family) bool {
 	t.Helper()
 	var bad []probeResult
 	for _, pr := range rs {
@@ -130,6 +143,7 @@ func checkAddBackProbes(t *testing.T, cycle int, rs []probeResult, back time.Tim
 		t.Errorf("cycle %d: %d of %d probes dropped, slow (a lost SYN) or failing after the add-back answered:%s",
 			cycle, len(bad), len(rs), describeProbes(bad, 10))
 	}
+	return len(bad) == 0
 }
 
 // waitProbe polls p's results until one (newer than the call) satisfies ok,
@@ -227,10 +241,7 @@ func (b *fbed) breakRules(t *testing.T, node *netbed.Node, f family, iptTable st
 		argv[3] = "ip6"
 	}
 	if b.mode == "iptables" {
-		argv = []string{"iptables", "-t", iptTable, "-F"}
-		if f.v6 {
-			argv[0] = "ip6tables"
-		}
+		argv = []string{iptablesTool(t, node, f), "-t", iptTable, "-F"}
 	}
 	if out, err := node.Run(context.Background(), argv...); err != nil {
 		t.Fatalf("%v: %v %s", argv, err, out)

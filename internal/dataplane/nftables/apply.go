@@ -40,6 +40,9 @@ type famState struct {
 	// distrust makes the next full sync rewrite every chain, not only the
 	// missing ones (after drift: chains may have been flushed).
 	distrust bool
+	// suspects are port chains someone else changed: the next full sync
+	// (which re-reads the kernel) rewrites them.
+	suspects map[string]bool
 
 	r     *renderer
 	slots *slotAlloc // endpoints-map blocks, kept across syncs
@@ -63,7 +66,7 @@ type famState struct {
 var sharedSets = func() []*set {
 	var out []*set
 	for _, s := range (&renderer{addrType: "ipv4_addr", ipX: "ip"}).fixedSets() {
-		if s.Name != setNodePortIPs {
+		if !isConfigSet(s.Name) {
 			out = append(out, s)
 		}
 	}
@@ -72,7 +75,7 @@ var sharedSets = func() []*set {
 
 // isMapName reports whether a shared set is a map.
 func isMapName(name string) bool {
-	return strings.HasPrefix(name, mapEndpoints) || (name != setClusterIPs && name != setHairpin && name != setNodePortIPs)
+	return strings.HasPrefix(name, mapEndpoints) || (name != setClusterIPs && name != setHairpin && !isConfigSet(name))
 }
 
 func newFamState(fam model.Family, k kernel) *famState {
@@ -114,6 +117,7 @@ func (st *famState) sync(ctx context.Context, cfg dataplane.Config, fs *model.Fa
 		err = st.prepareFull(ctx, cfg, fs, node, &t)
 	} else {
 		st.prepareIncremental(fs, req, &t)
+		st.refreshServiceCIDRs(cfg, &t)
 	}
 	if err == nil {
 		ops := t.ops()
@@ -164,10 +168,7 @@ func (st *famState) fullOps(d *desired, t *txn) {
 	for _, c := range d.Chains {
 		t.addChain(c, true)
 	}
-	t.sets = append(t.sets, op{verb: opFlush, obj: &knftables.Set{Name: setNodePortIPs}})
-	for i := range d.Elems {
-		t.adds = append(t.adds, elemOp(opAdd, &d.Elems[i], false))
-	}
+	configElemOps(d.Elems, t)
 	wantChains, wantSets := map[string]bool{}, map[string]bool{}
 	st.want = map[string]map[string]*elemRef{}
 	for _, id := range sortedIDs(d.Ports) {
@@ -175,7 +176,7 @@ func (st *famState) fullOps(d *desired, t *txn) {
 		for _, c := range ps.Chains {
 			if !wantChains[c.Name] {
 				wantChains[c.Name] = true
-				st.ensureChain(c, t, st.distrust)
+				st.ensureChain(c, t, st.distrust || st.suspects[c.Name])
 			}
 		}
 		for _, s := range ps.Sets {
@@ -196,6 +197,50 @@ func (st *famState) fullOps(d *desired, t *txn) {
 	for _, s := range sharedSets {
 		st.diffElems(s.Name, nil, t)
 	}
+}
+
+// configElemOps flushes the sets filled from the configuration and adds
+// elems (their complete new content).
+func configElemOps(elems []element, t *txn) {
+	t.sets = append(t.sets,
+		op{verb: opFlush, obj: &knftables.Set{Name: setNodePortIPs}},
+		op{verb: opFlush, obj: &knftables.Set{Name: setServiceCIDRs}})
+	for i := range elems {
+		t.adds = append(t.adds, elemOp(opAdd, &elems[i], false))
+	}
+}
+
+// refreshServiceCIDRs rewrites the service-cidrs set in an incremental sync
+// when the ranges changed (SetServiceCIDRs); nothing else is touched.
+func (st *famState) refreshServiceCIDRs(cfg dataplane.Config, t *txn) {
+	cidrs := familyCIDRs(cfg.ServiceCIDRs, st.fam)
+	if slices.Equal(cidrs, st.r.serviceCIDRs) {
+		return
+	}
+	st.r.serviceCIDRs = cidrs
+	st.cur.Elems = st.r.configElems()
+	configElemOps(st.cur.Elems, t)
+}
+
+// suspect records drift reported by the monitor: names of objects someone
+// else changed ("" for the table). The next sync is full and re-reads the
+// kernel (names and shared elements); changed port chains are rewritten
+// (fixed chains always are), and a changed table rewrites every chain.
+func (st *famState) suspect(names map[string]bool) {
+	st.valid = false
+	if st.suspects == nil {
+		st.suspects = map[string]bool{}
+	}
+	for n := range names {
+		st.suspects[n] = true
+		st.distrust = st.distrust || n == ""
+	}
+}
+
+// sortedNames returns at most n of names, sorted, for logs.
+func sortedNames(names map[string]bool, n int) []string {
+	out := slices.Sorted(maps.Keys(names))
+	return out[:min(n, len(out))]
 }
 
 func (st *famState) markStale(have, want map[string]bool) {
@@ -306,7 +351,7 @@ func sortedIDs(m map[model.PortID]*portState) []model.PortID {
 
 // commit records a successful transaction in the kernel mirror.
 func (st *famState) commit(t *txn) {
-	st.valid, st.distrust = true, false
+	st.valid, st.distrust, st.suspects = true, false, nil
 	for _, o := range slices.Concat(t.sets, t.chains) {
 		switch obj := o.obj.(type) {
 		case *knftables.Chain:
@@ -324,7 +369,7 @@ func (st *famState) commit(t *txn) {
 	}
 	for _, o := range t.adds {
 		name := o.elem.Set
-		if name == setNodePortIPs {
+		if isConfigSet(name) {
 			continue
 		}
 		if st.kElems[name] == nil {
@@ -490,7 +535,7 @@ func (st *famState) readKernel(ctx context.Context) error {
 		}
 	}
 	for _, s := range newRenderer(dataplane.Config{}, st.fam, model.NodeInfo{}).fixedSets() {
-		if present[s.Name] && s.Name != setNodePortIPs {
+		if present[s.Name] && !isConfigSet(s.Name) {
 			if err := st.readElems(ctx, s); err != nil {
 				return err
 			}

@@ -3,6 +3,7 @@ package nftables
 import (
 	"context"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -336,4 +337,75 @@ func TestSyncRemovesUpstreamTables(t *testing.T) {
 		t.Errorf("upstream table left after the first sync:\n%s", dump)
 	}
 	e.checkKernel(featureSnapshot())
+}
+
+// TestApplySetServiceCIDRs: a change of the service ranges lands with the
+// next incremental sync as a rewrite of the service-cidrs set only.
+func TestApplySetServiceCIDRs(t *testing.T) {
+	e := newApplyEnv(t)
+	snap := featureSnapshot()
+	e.sync(snap, dataplane.SyncRequest{Full: true})
+	steps := []struct {
+		cidrs []netip.Prefix
+		want  []string // elements of the v4 set
+	}{
+		{[]netip.Prefix{netip.MustParsePrefix("198.19.0.0/24"), netip.MustParsePrefix("fd00:19::/112")}, []string{"198.19.0.0/24"}},
+		{[]netip.Prefix{netip.MustParsePrefix("198.19.0.0/24"), netip.MustParsePrefix("198.19.8.0/24")}, []string{"198.19.0.0/24", "198.19.8.0/24"}},
+		{nil, nil},
+	}
+	for i, s := range steps {
+		e.p.SetServiceCIDRs(s.cidrs)
+		e.cfg.ServiceCIDRs = s.cidrs
+		e.sync(snap, dataplane.SyncRequest{Changed: map[objects.Key]struct{}{}})
+		tx := e.k.lastTx(model.IPv4)
+		if !strings.Contains(tx, "flush set ip kproxy service-cidrs") || strings.Contains(tx, "chain") || strings.Contains(tx, "service-ips") {
+			t.Errorf("step %d: transaction is not a rewrite of the service-cidrs set:\n%s", i, tx)
+		}
+		for _, w := range s.want {
+			if !strings.Contains(tx, "add element ip kproxy service-cidrs { "+w+" }") {
+				t.Errorf("step %d: transaction lacks %s:\n%s", i, w, tx)
+			}
+		}
+		e.checkKernel(snap)
+		before := e.k.lastTx(model.IPv4)
+		e.sync(snap, dataplane.SyncRequest{Changed: map[objects.Key]struct{}{}})
+		if after := e.k.lastTx(model.IPv4); after != before {
+			t.Errorf("step %d: an unchanged sync sent a transaction:\n%s", i, after)
+		}
+	}
+	// A restart with the ranges in Config reuses the table and keeps them.
+	e.cfg.ServiceCIDRs = steps[0].cidrs
+	e.restart()
+	e.sync(snap, dataplane.SyncRequest{Full: true})
+	e.checkKernel(snap)
+}
+
+// TestApplySuspectRepair: what the monitor reports (a flushed Service
+// chain, a flushed map) is repaired by the next full sync, which rewrites
+// only the named port chains.
+func TestApplySuspectRepair(t *testing.T) {
+	snap := featureSnapshot()
+	e := newApplyEnv(t)
+	e.sync(snap, dataplane.SyncRequest{Full: true})
+	var svcChain string
+	names, _ := e.k.fake(model.IPv4).List(context.Background(), "chain")
+	for _, n := range names {
+		if strings.HasPrefix(n, "svc-") && strings.Contains(n, "ns/cluster/") {
+			svcChain = n
+		}
+	}
+	e.k.run(t, model.IPv4, func(tx *knftables.Transaction) {
+		tx.Flush(&knftables.Chain{Name: svcChain})
+		tx.Flush(&knftables.Map{Name: mapServiceIPs})
+	})
+	e.p.fams[model.IPv4].suspect(map[string]bool{svcChain: true, mapServiceIPs: true})
+	e.sync(snap, dataplane.SyncRequest{Full: true})
+	e.checkKernel(snap)
+	tx := e.k.lastTx(model.IPv4)
+	if strings.Count(tx, "flush chain ip kproxy svc-") != 1 || !strings.Contains(tx, "add element ip kproxy service-ips") {
+		t.Errorf("repair did not rewrite exactly the flushed chain and refill the map:\n%s", tx)
+	}
+	if st := e.p.fams[model.IPv4]; st.suspects != nil || st.distrust {
+		t.Error("suspects kept after the repair")
+	}
 }

@@ -139,32 +139,52 @@ func scaleRun(t *testing.T, n int) {
 	start := time.Now()
 	tn.sync(p, snap, dataplane.SyncRequest{Full: true})
 	t.Logf("%d Services: restart sync in this process (read table, reuse) %v", n, time.Since(start).Round(time.Millisecond))
-	var lat []time.Duration
-	for v := range 200 {
-		i := (v * 397) % n
-		snap = withChangedEndpoint(snap, i, v)
-		req := changed(snap, i)
-		s := time.Now()
-		tn.sync(p, snap, req)
-		lat = append(lat, time.Since(s))
-	}
-	slices.Sort(lat)
-	t.Logf("%d Services: one endpoint change, Sync to kernel: p50 %v, p99 %v, max %v (of %d)", n,
-		lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1], len(lat))
-	drifted := func(label string) {
+	drifted := func(label string, want bool) {
 		var d bool
 		var err error
 		s0 := time.Now()
 		tn.in(tn.node, func() { d, err = p.Drifted(context.Background()) })
-		if err != nil || d {
-			t.Fatalf("Drifted = %v, %v", d, err)
+		if err != nil || d != want {
+			t.Fatalf("Drifted %s = %v, %v; want %v", label, d, err, want)
 		}
 		t.Logf("%d Services: Drifted %s: %v", n, label, time.Since(s0))
 	}
-	drifted("first check (by name)")
-	drifted("nothing committed since (generation only)")
+	changes := func(label string, from int) {
+		var lat []time.Duration
+		for v := from; v < from+200; v++ {
+			i := (v * 397) % n
+			snap = withChangedEndpoint(snap, i, v)
+			req := changed(snap, i)
+			s := time.Now()
+			tn.sync(p, snap, req)
+			lat = append(lat, time.Since(s))
+		}
+		slices.Sort(lat)
+		t.Logf("%d Services: one endpoint change, Sync to kernel, %s: p50 %v, p99 %v, max %v (of %d)", n, label,
+			lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1], len(lat))
+	}
+	changes("no monitor", 0)
+	// The first Drifted opens the monitor: the kernel then builds a
+	// notification of every change kproxy commits.
+	drifted("first check (opens the monitor, checks by name)", false)
+	changes("monitor listening", 200)
+	drifted("after kproxy's own syncs", false)
+	drifted("nothing committed since", false)
 	run(t, "ip", "netns", "exec", tn.node, "nft", "add", "table", "ip", "someone-else")
-	drifted("after a foreign commit (by name)")
+	drifted("after a foreign commit to another table", false)
+	var victim string
+	for name := range p.fams[model.IPv4].kChains {
+		if strings.HasPrefix(name, "svc-") {
+			victim = name
+			break
+		}
+	}
+	run(t, "ip", "netns", "exec", tn.node, "nft", "flush", "chain", "ip", DefaultTableName, victim)
+	drifted("after one Service chain was flushed", true)
+	s1 := time.Now()
+	tn.sync(p, snap, dataplane.SyncRequest{Full: true})
+	t.Logf("%d Services: repair (full sync re-reading the kernel, rewriting the flushed chain) %v", n, time.Since(s1))
+	drifted("after the repair", false)
 	// A new endpoint count: a new chain, so the kernel re-validates the table.
 	more := withChangedEndpoint(snap, 1, 999)
 	more.V4.Ports[1].Endpoints = more.V4.Ports[1].Endpoints[:5]

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kproxy/kproxy/internal/dataplane"
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/objects"
 )
 
 // requireRoot skips without root, except in CI where it fails.
@@ -240,6 +241,49 @@ func TestPrivilegedClusterIPTraffic(t *testing.T) {
 	}
 }
 
+// TestPrivilegedServiceCIDRs: new connections to an unallocated address of
+// the service ranges are dropped once SetServiceCIDRs names them (applied
+// by an incremental sync), while ClusterIPs keep working; clearing the
+// ranges lifts the drop. The unallocated address exists in the pod
+// namespace, so that without the drop the connection is refused there.
+func TestPrivilegedServiceCIDRs(t *testing.T) {
+	n := newTestNet(t)
+	n.serve("198.18.64.10:8080", "pod-8080")
+	run(t, "ip", "-n", n.pod, "addr", "add", "198.19.0.99/32", "dev", "eth0")
+	snap := snapshot(svc("ns", "web", "198.19.0.10", 80, withEPs(ep("198.18.64.10", 8080, true))))
+	p, _ := New(privConfig())
+	n.sync(p, snap, dataplane.SyncRequest{Full: true})
+	dial := func(addr string) error {
+		var err error
+		n.in(n.client, func() {
+			var c net.Conn
+			if c, err = net.DialTimeout("tcp", addr, 500*time.Millisecond); err == nil {
+				c.Close()
+			}
+		})
+		return err
+	}
+	steps := []struct {
+		cidrs   []netip.Prefix
+		dropped bool
+	}{
+		{nil, false},
+		{[]netip.Prefix{netip.MustParsePrefix("198.19.0.0/24"), netip.MustParsePrefix("fd00:19::/112")}, true},
+		{nil, false},
+	}
+	for i, s := range steps {
+		p.SetServiceCIDRs(s.cidrs)
+		n.sync(p, snap, dataplane.SyncRequest{Changed: map[objects.Key]struct{}{}})
+		if got, err := n.get("198.19.0.10:80"); err != nil || got != "pod-8080" {
+			t.Fatalf("step %d: ClusterIP: got %q, %v", i, got, err)
+		}
+		err := dial("198.19.0.99:80")
+		if refused := errors.Is(err, syscall.ECONNREFUSED); refused == s.dropped || err == nil {
+			t.Fatalf("step %d (ranges %v): unallocated service IP gave %v; want dropped=%v", i, s.cidrs, err, s.dropped)
+		}
+	}
+}
+
 // TestPrivilegedFeatureTables loads every feature in both families into a
 // real kernel and checks that a restarted proxy reads back exactly what was
 // rendered (so a restart sends no element changes).
@@ -333,9 +377,11 @@ func TestPrivilegedNetlinkEqualsCLI(t *testing.T) {
 	prefix.Families = []model.Family{model.IPv4, model.IPv6}
 	dual := testConfig()
 	dual.Families = []model.Family{model.IPv4, model.IPv6}
+	dual.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("198.19.0.0/24"), netip.MustParsePrefix("fd00:19::/112")}
 	all := testConfig()
 	all.MasqueradeAll = true
 	all.NodePortAddresses = []string{"198.18.64.0/24"}
+	all.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("198.19.0.0/25"), netip.MustParsePrefix("198.19.0.0/16")}
 	for name, cfg := range map[string]dataplane.Config{"cluster-cidr": dual, "bridge": bridge, "prefix": prefix, "masquerade-all": all} {
 		t.Run(name, func(t *testing.T) {
 			full := featureSnapshot()
@@ -392,4 +438,77 @@ func listTable(t *testing.T, ns, fam string) string {
 		keep = append(keep, strings.TrimSpace(l))
 	}
 	return strings.Join(keep, "\n")
+}
+
+// TestPrivilegedDriftMonitor: a hand-flushed Service chain, a flushed map
+// and a flushed endpoints map are each noticed by Drifted (through the
+// nftables monitor) and repaired by the next full sync; kproxy's own
+// syncs and other tables' changes are not drift.
+func TestPrivilegedDriftMonitor(t *testing.T) {
+	n := newTestNet(t)
+	n.serve("198.18.64.10:8080", "pod-8080")
+	snap := snapshot(svc("ns", "web", "198.19.0.10", 80, withEPs(ep("198.18.64.10", 8080, true))))
+	p, _ := New(privConfig())
+	n.sync(p, snap, dataplane.SyncRequest{Full: true})
+	drifted := func() bool {
+		t.Helper()
+		var d bool
+		var err error
+		n.in(n.node, func() { d, err = p.Drifted(context.Background()) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	nft := func(args ...string) { run(t, append([]string{"ip", "netns", "exec", n.node, "nft"}, args...)...) }
+	if drifted() {
+		t.Fatal("Drifted right after a sync")
+	}
+	var svcChain string
+	for name := range p.fams[model.IPv4].kChains {
+		if strings.HasPrefix(name, "svc-") {
+			svcChain = name
+		}
+	}
+	breakages := []struct {
+		name string
+		do   []string
+	}{
+		{"service chain flushed", []string{"flush", "chain", "ip", DefaultTableName, svcChain}},
+		{"service-ips flushed", []string{"flush", "map", "ip", DefaultTableName, mapServiceIPs}},
+		{"endpoints map flushed", []string{"flush", "map", "ip", DefaultTableName, "endpoints-tcp-" + strings.Split(strings.Split(p.fams[model.IPv4].cur.Ports[snap.V4.Ports[0].ID].Chains[0].Rules[0], "@endpoints-tcp-")[1], " ")[0]}},
+	}
+	for _, b := range breakages {
+		nft(b.do...)
+		if _, err := n.get("198.19.0.10:80"); err == nil {
+			t.Fatalf("%s: the ClusterIP still works; the breakage broke nothing", b.name)
+		}
+		start := time.Now()
+		if !drifted() {
+			t.Fatalf("%s: not noticed", b.name)
+		}
+		t.Logf("%s: noticed in %v", b.name, time.Since(start))
+		n.sync(p, snap, dataplane.SyncRequest{Full: true})
+		if got, err := n.get("198.19.0.10:80"); err != nil || got != "pod-8080" {
+			t.Fatalf("%s: after the repair: %q, %v", b.name, got, err)
+		}
+		if drifted() {
+			t.Fatalf("%s: still drifted after the repair", b.name)
+		}
+	}
+	// Other tables' commits and kproxy's own incremental syncs are no drift.
+	nft("add", "table", "ip", "someone-else")
+	nft("add", "chain", "ip", "someone-else", "c")
+	n.sync(p, snapshot(svc("ns", "web", "198.19.0.10", 80)), dataplane.SyncRequest{})
+	n.sync(p, snap, dataplane.SyncRequest{})
+	start := time.Now()
+	if drifted() {
+		t.Fatal("other tables or kproxy's own syncs counted as drift")
+	}
+	t.Logf("Drifted after others' commits: %v", time.Since(start))
+	start = time.Now()
+	if drifted() {
+		t.Fatal("drifted without any change")
+	}
+	t.Logf("Drifted with nothing committed: %v", time.Since(start))
 }

@@ -163,6 +163,7 @@ func (b *nlBatch) send() error {
 		return err
 	}
 	defer unix.Close(fd)
+	recordOwnPort(fd)
 	if err := unix.Sendto(fd, buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return fmt.Errorf("sending netlink batch of %d bytes: %w", len(buf), err)
 	}

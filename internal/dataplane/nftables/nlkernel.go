@@ -79,13 +79,6 @@ func (k *nlKernel) MissingChain(_ context.Context, names []string) (string, erro
 	return k.nl.missingChain(names)
 }
 
-// unchanged reports whether nothing was committed to nftables (by anyone)
-// since every table was last known intact; cur is the current generation.
-func (g *genTracker) unchanged() (unchanged bool, cur uint32, err error) {
-	cur, err = rulesetGeneration()
-	return err == nil && g.verified != 0 && cur == g.verified, cur, err
-}
-
 // list returns the names of objects of a type in the table.
 func (n *netlinkReader) list(objectType string) ([]string, error) {
 	conn, err := gnftables.New()

@@ -37,6 +37,7 @@ const (
 	mapFirewallIPs        = "firewall-ips"
 	setClusterIPs         = "cluster-ips"
 	setNodePortIPs        = "nodeport-ips"
+	setServiceCIDRs       = "service-cidrs"
 	setHairpin            = "hairpin-connections"
 	mapEndpoints          = "endpoints"
 )
@@ -75,6 +76,8 @@ type renderer struct {
 	// local addresses in nodePortCIDRs (none: no NodePorts at all).
 	nodePortAll   bool
 	nodePortCIDRs []netip.Prefix
+	// serviceCIDRs are this family's service IP ranges (non-overlapping).
+	serviceCIDRs []netip.Prefix
 	// slots places each policy chain's endpoints in the endpoints map.
 	slots *slotAlloc
 }
@@ -93,7 +96,20 @@ func newRenderer(cfg dataplane.Config, fam model.Family, node model.NodeInfo) *r
 		}
 	}
 	r.nodePortAll, r.nodePortCIDRs = nodePortRange(cfg, fam, r.nodeIP)
+	r.serviceCIDRs = familyCIDRs(cfg.ServiceCIDRs, fam)
 	return r
+}
+
+// familyCIDRs returns the prefixes of one family, masked, without those
+// inside another (interval set elements must not overlap).
+func familyCIDRs(cidrs []netip.Prefix, fam model.Family) []netip.Prefix {
+	var out []netip.Prefix
+	for _, c := range cidrs {
+		if c.IsValid() && model.FamilyOf(c.Addr()) == fam {
+			out = append(out, c.Masked())
+		}
+	}
+	return outermost(out)
 }
 
 // localMatch returns the matches for traffic from and not from local pods.
@@ -191,16 +207,44 @@ func (r *renderer) fixed() *desired {
 		&chain{Name: chainFirewallCheck, Rules: []string{r.dstTuple() + " vmap @" + mapFirewallIPs}},
 		&chain{Name: chainServiceEPCheck, Rules: []string{r.dstTuple() + " vmap @" + mapNoEndpointServices}},
 		&chain{Name: chainNodePortEPCheck, Rules: r.nodePortRules(mapNoEndpointNodePort)},
-		&chain{Name: chainClusterIPsCheck, Rules: []string{r.ipX + " daddr @" + setClusterIPs + " goto " + chainReject}},
+		&chain{Name: chainClusterIPsCheck, Rules: r.clusterIPsCheckRules()},
 		// TCP gets a reset: a Linux client acts on an ICMPv6 unreachable
 		// only at its first SYN retransmit (~1 s), on a reset at once.
 		&chain{Name: chainReject, Rules: []string{"meta l4proto tcp reject with tcp reset", "reject"}},
 	)
-	for _, c := range r.nodePortCIDRs {
-		d.Elems = append(d.Elems, element{Set: setNodePortIPs, Key: []string{c.String()}})
-	}
+	d.Elems = r.configElems()
 	return d
 }
+
+// clusterIPsCheckRules handle new connections still addressed to a service
+// IP after DNAT (none happened): an unknown port of a ClusterIP is rejected,
+// any other address in the service ranges (not an allocated ClusterIP) is
+// dropped, as upstream does. The second rule is there even without ranges
+// (the set is then empty), so that a change of the ranges is a change of
+// elements only.
+func (r *renderer) clusterIPsCheckRules() []string {
+	return []string{
+		r.ipX + " daddr @" + setClusterIPs + " goto " + chainReject,
+		r.ipX + " daddr @" + setServiceCIDRs + " drop",
+	}
+}
+
+// configElems are the elements of the sets filled from the configuration
+// (isConfigSet), not from service ports.
+func (r *renderer) configElems() []element {
+	var out []element
+	for _, c := range r.nodePortCIDRs {
+		out = append(out, element{Set: setNodePortIPs, Key: []string{c.String()}})
+	}
+	for _, c := range r.serviceCIDRs {
+		out = append(out, element{Set: setServiceCIDRs, Key: []string{c.String()}})
+	}
+	return out
+}
+
+// isConfigSet reports whether a fixed set is filled from the configuration:
+// it is flushed and refilled by every full sync, never diffed.
+func isConfigSet(name string) bool { return name == setNodePortIPs || name == setServiceCIDRs }
 
 func (r *renderer) fixedSets() []*set {
 	return append(r.baseSets(), r.endpointSets()...)
@@ -232,6 +276,7 @@ func (r *renderer) baseSets() []*set {
 	return []*set{
 		{Name: setClusterIPs, Type: r.addrType, Comment: "active ClusterIPs"},
 		{Name: setNodePortIPs, Type: r.addrType, Flags: []knftables.SetFlag{knftables.IntervalFlag}, Comment: "CIDRs whose local addresses accept NodePorts"},
+		{Name: setServiceCIDRs, Type: r.addrType, Flags: []knftables.SetFlag{knftables.IntervalFlag}, Comment: "service IP ranges (ServiceCIDRs)"},
 		{Name: setHairpin, Type: r.addrType + " . " + r.addrType + " . inet_proto . inet_service", Comment: "local endpoints reaching themselves through a Service"},
 		{Name: mapServiceIPs, IsMap: true, Type: dst, Comment: "ClusterIP, external IP and load-balancer IP dispatch"},
 		{Name: mapServiceNodePorts, IsMap: true, Type: "inet_proto . inet_service : verdict", Comment: "NodePort dispatch"},

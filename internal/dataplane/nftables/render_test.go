@@ -3,6 +3,7 @@ package nftables
 import (
 	"bytes"
 	"flag"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
@@ -39,9 +40,13 @@ func featureSnapshot() *model.Snapshot {
 func TestRenderGolden(t *testing.T) {
 	dual := testConfig()
 	dual.Families = []model.Family{model.IPv4, model.IPv6}
+	dual.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("198.19.0.0/24"), netip.MustParsePrefix("fd00:19::/112")}
 	masqAll := testConfig()
 	masqAll.MasqueradeAll = true
 	masqAll.NodePortAddresses = []string{"primary", "198.18.1.0/24"}
+	// Overlapping ranges (ServiceCIDR objects may overlap) and another
+	// family's: one interval element remains.
+	masqAll.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("198.19.0.0/25"), netip.MustParsePrefix("198.19.0.1/16"), netip.MustParsePrefix("fd00:19::/112")}
 	bridge := testConfig()
 	bridge.LocalMode = dataplane.LocalBridgeInterface
 	bridge.BridgeInterface = "cbr0"

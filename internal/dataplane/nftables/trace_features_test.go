@@ -32,6 +32,8 @@ func TestTraceFeatures(t *testing.T) {
 	npOther.NodePortAddresses = []string{"198.18.1.0/24"}
 	dual := testConfig()
 	dual.Families = []model.Family{model.IPv4, model.IPv6}
+	cidrs := dual
+	cidrs.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("198.19.0.0/24"), netip.MustParsePrefix("fd00:19::/112")}
 
 	feats := featureSnapshot()
 	one := snapshot(svc("ns", "one", "198.19.0.30", 80, withNodePort(30030), withEPs(ep("198.18.65.10", 8080, false))))
@@ -75,6 +77,17 @@ func TestTraceFeatures(t *testing.T) {
 		{"IPv6 ClusterIP", dual, feats, 6, pkt("fd00:64::50", "fd00:19::10", "tcp", 80, "veth1"), "accept dnat=[[fd00:64::10]:8080 [fd00:65::10]:8080] masq=false"},
 		{"IPv6 NodePort", dual, feats, 6, pkt("fd00:200::5", "fd00::2", "tcp", 30023, "eth0"), "accept dnat=[[fd00:64::10]:8080 [fd00:65::10]:8080] masq=true"},
 		{"IPv6 unknown port", dual, feats, 6, pkt("fd00:64::50", "fd00:19::10", "tcp", 81, "veth1"), "reject dnat=[] masq=false"},
+		// Service CIDRs: an unallocated address in them is dropped; the
+		// allocated ClusterIPs behave as without them.
+		{"unallocated service IP without ranges untouched", testConfig(), feats, 4, pkt("198.18.64.50", "198.19.0.99", "tcp", 80, "veth1"), "accept dnat=[] masq=false"},
+		{"unallocated service IP dropped", cidrs, feats, 4, pkt("198.18.64.50", "198.19.0.99", "tcp", 80, "veth1"), "drop dnat=[] masq=false"},
+		{"unallocated service IP dropped from node", cidrs, feats, 4, fromHost(pkt("198.18.0.2", "198.19.0.99", "udp", 53, "")), "drop dnat=[] masq=false"},
+		{"unallocated service IP dropped from outside", cidrs, feats, 4, pkt("198.18.200.5", "198.19.0.99", "tcp", 80, "eth0"), "drop dnat=[] masq=false"},
+		{"service ranges: unknown port still rejected", cidrs, feats, 4, pkt("198.18.64.50", "198.19.0.10", "tcp", 81, "veth1"), "reject dnat=[] masq=false"},
+		{"service ranges: no endpoints still rejected", cidrs, feats, 4, pkt("198.18.64.50", "198.19.0.13", "tcp", 80, "veth1"), "reject dnat=[] masq=false"},
+		{"service ranges: ClusterIP served", cidrs, feats, 4, pkt("198.18.64.50", "198.19.0.11", "udp", 53, "veth1"), "accept dnat=[198.18.65.12:5353] masq=false"},
+		{"service ranges: outside untouched", cidrs, feats, 4, pkt("198.18.64.50", "198.19.1.99", "tcp", 80, "veth1"), "accept dnat=[] masq=false"},
+		{"IPv6 unallocated service IP dropped", cidrs, feats, 6, pkt("fd00:64::50", "fd00:19::99", "tcp", 80, "veth1"), "drop dnat=[] masq=false"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
