@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -75,10 +76,23 @@ func (p *Proxier) fullSync(ctx context.Context, st *famState, snap *model.Snapsh
 		return err
 	}
 	jumps := r.jumps()
-	nat := &tableWrite{table: tableNAT, chains: natAll, deletes: staleChains(tableNAT, savedNAT, natAll), inserts: missingJumps(savedNAT, jumps, tableNAT)}
 	f1, f3 := filterPhases(filter, savedFilter.rules, true)
 	f1.inserts = missingJumps(savedFilter, jumps, tableFilter)
 	f3.deletes = staleChains(tableFilter, savedFilter, filter)
+	fixed, leaves := splitLeaves(natShared)
+	groups := make(portGroups, 0, len(fs.Ports))
+	for _, sp := range fs.Ports {
+		groups = append(groups, ports[sp.ID].nat)
+	}
+	rest, batched, err := p.writeAhead(ctx, st.fam, groups, leaves, r.markMasqChain(), f1)
+	if err != nil {
+		return err
+	}
+	if batched {
+		f1 = nil
+	}
+	nat := &tableWrite{table: tableNAT, chains: append(fixed, rest...),
+		deletes: staleChains(tableNAT, savedNAT, natAll), inserts: missingJumps(savedNAT, jumps, tableNAT)}
 	mangle := &tableWrite{table: tableMangle, chains: []*Chain{canaryChain()}}
 	if err := p.restore(ctx, st.fam, restoreText(mangle, f1, nat, f3)); err != nil {
 		return err
@@ -180,9 +194,6 @@ func (p *Proxier) partialSync(ctx context.Context, st *famState, snap *model.Sna
 	}
 	filter, natShared := r.sharedChains(fs.Ports, ports)
 	nat := sharedNATWrite(natShared, st.shared)
-	for id := range touched {
-		addPortDiff(nat, st.ports[id], ports[id])
-	}
 	oldFilter := map[string][]string{}
 	for _, c := range filter {
 		if rules, ok := st.shared[key(tableFilter, c.Name)]; ok {
@@ -190,6 +201,21 @@ func (p *Proxier) partialSync(ctx context.Context, st *famState, snap *model.Sna
 		}
 	}
 	f1, f3 := filterPhases(filter, oldFilter, false)
+	fixed, leaves := splitLeaves(nat.chains)
+	var groups portGroups
+	for _, id := range sortedPortIDs(touched) {
+		changedChains, deletes := portDiff(st.ports[id], ports[id])
+		groups = append(groups, changedChains)
+		nat.deletes = append(nat.deletes, deletes...)
+	}
+	rest, batched, err := p.writeAhead(ctx, st.fam, groups, leaves, r.markMasqChain(), f1)
+	if err != nil {
+		return err
+	}
+	if batched {
+		f1 = nil
+	}
+	nat.chains = append(fixed, rest...)
 	if err := p.restore(ctx, st.fam, restoreText(f1, nat, f3)); err != nil {
 		return err
 	}
@@ -224,9 +250,9 @@ func cutPrefix(s, p string) (string, bool) {
 	return "", false
 }
 
-// addPortDiff adds to w the chains of one port that differ between old and
-// new (either may be nil) and deletes the chains new no longer has.
-func addPortDiff(w *tableWrite, old, new *portRules) {
+// portDiff returns the chains of one port that differ between old and new
+// (either may be nil) and the names of the chains new no longer has.
+func portDiff(old, new *portRules) (changed []*Chain, deletes []string) {
 	prev := map[string][]string{}
 	if old != nil {
 		for _, c := range old.nat {
@@ -236,12 +262,22 @@ func addPortDiff(w *tableWrite, old, new *portRules) {
 	if new != nil {
 		for _, c := range new.nat {
 			if o, ok := prev[c.Name]; !ok || !slices.Equal(o, c.Rules) {
-				w.chains = append(w.chains, c)
+				changed = append(changed, c)
 			}
 			delete(prev, c.Name)
 		}
 	}
-	for _, name := range sortedKeys(prev) {
-		w.deletes = append(w.deletes, name)
+	return changed, sortedKeys(prev)
+}
+
+// sortedPortIDs returns the set's ports in a stable order.
+func sortedPortIDs(set map[model.PortID]bool) []model.PortID {
+	ids := make([]model.PortID, 0, len(set))
+	for id := range set {
+		ids = append(ids, id)
 	}
+	slices.SortFunc(ids, func(a, b model.PortID) int {
+		return strings.Compare(a.String()+string(a.Protocol), b.String()+string(b.Protocol))
+	})
+	return ids
 }

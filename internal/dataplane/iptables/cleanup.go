@@ -11,10 +11,12 @@ import (
 
 // cleanupBackend removes, in both families of backend b, every chain kproxy
 // or upstream kube-proxy (iptables mode) owns and every rule jumping to
-// one. It reads each family with one -save call without -t: naming a table
+// one. With firewall set it also removes KUBE-FIREWALL where no kubelet
+// hint chain says that a kubelet owns it (used when switching backends: the
+// node's kubelet, if any, is on the other one). It reads each family with one -save call without -t: naming a table
 // would make the legacy backend create it. Tables, modules or binaries that
 // are not there are skipped.
-func cleanupBackend(ctx context.Context, ex Exec, b Backend) error {
+func cleanupBackend(ctx context.Context, ex Exec, b Backend, firewall bool) error {
 	var errs []error
 	for _, fam := range []model.Family{model.IPv4, model.IPv6} {
 		out, err := ex.Run(ctx, nil, b.cmd(fam, "-save"))
@@ -22,8 +24,9 @@ func cleanupBackend(ctx context.Context, ex Exec, b Backend) error {
 			continue // no module or binary: nothing to remove
 		}
 		var ws []*tableWrite
+		dropFirewall := firewall && !hasKubeletHint(string(out))
 		for _, t := range splitSave(string(out)) {
-			ws = append(ws, cleanupWrite(t.name, parseSave(t.text)))
+			ws = append(ws, cleanupWrite(t.name, parseSave(t.text), dropFirewall))
 		}
 		text := restoreText(ws...)
 		if text == "" {
@@ -55,15 +58,18 @@ func splitSave(out string) []savedSection {
 
 // cleanupWrite deletes the owned chains of a saved table and the rules of
 // other chains that jump to them.
-func cleanupWrite(table string, saved *savedTable) *tableWrite {
+func cleanupWrite(table string, saved *savedTable, firewall bool) *tableWrite {
 	w := &tableWrite{table: table}
+	owned := func(name string) bool {
+		return isOwnedChain(table, name) || (firewall && table == tableFilter && name == chainKubeletFirewall)
+	}
 	for _, name := range saved.order {
-		if isOwnedChain(table, name) {
+		if owned(name) {
 			w.deletes = append(w.deletes, name)
 			continue
 		}
 		for _, r := range saved.rules[name] {
-			if isOwnedChain(table, ruleTarget(r)) {
+			if owned(ruleTarget(r)) {
 				w.delRules = append(w.delRules, name+" "+r)
 			}
 		}

@@ -95,6 +95,11 @@ func (k *fakeKernel) apply(fam, text string) error {
 			if _, ok := t[c]; !ok {
 				return fmt.Errorf("no chain %s", c)
 			}
+			if tgt := ruleTarget(r); strings.HasPrefix(tgt, "KUBE-") {
+				if _, ok := t[tgt]; !ok {
+					return fmt.Errorf("rule in %s jumps to missing chain %s", c, tgt)
+				}
+			}
 			t[c] = append(t[c], r)
 		case strings.HasPrefix(line, "-I "):
 			toks := strings.SplitN(line, " ", 4)

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"sync"
 
 	"k8s.io/klog/v2"
@@ -83,7 +82,7 @@ func (p *Proxier) Sync(ctx context.Context, snap *model.Snapshot, req dataplane.
 	if p.backend == "" {
 		p.backend = DetectBackend(ctx, p.exec)
 		klog.FromContext(ctx).Info("Using iptables backend", "backend", p.backend)
-		if err := cleanupBackend(ctx, p.exec, p.backend.other()); err != nil {
+		if err := cleanupBackend(ctx, p.exec, p.backend.other(), true); err != nil {
 			klog.FromContext(ctx).Error(err, "Could not remove rules from the other iptables backend", "backend", p.backend.other())
 		}
 	}
@@ -146,8 +145,7 @@ func (p *Proxier) Drifted(ctx context.Context) (bool, error) {
 			continue
 		}
 		for _, table := range []string{tableMangle, tableNAT, tableFilter} {
-			out, err := p.exec.Run(ctx, nil, p.backend.cmd(f, ""), "-w", "-t", table, "-S", chainCanary)
-			if err != nil || !strings.Contains(string(out), "kproxy canary") {
+			if !p.canaryOK(ctx, f, table) {
 				klog.FromContext(ctx).Info("iptables canary gone; the next full sync repairs the rules", "family", f, "table", table)
 				st.valid = false
 				return true, nil
@@ -163,7 +161,7 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.fams = map[model.Family]*famState{}
-	return errors.Join(cleanupBackend(ctx, p.exec, BackendNFT), cleanupBackend(ctx, p.exec, BackendLegacy))
+	return errors.Join(cleanupBackend(ctx, p.exec, BackendNFT, false), cleanupBackend(ctx, p.exec, BackendLegacy, false))
 }
 
 // Render implements dataplane.DryRunner: the iptables-restore input that
