@@ -62,18 +62,20 @@ func TestToFlow(t *testing.T) {
 		}
 	}
 	f, ok := toFlow(mk(unix.IPPROTO_UDP))
-	want := Flow{model.UDP, netip.MustParseAddrPort("198.18.0.10:53"), netip.MustParseAddrPort("198.19.1.1:5353")}
+	want := Flow{model.UDP, netip.MustParseAddrPort("198.18.0.10:53"), netip.MustParseAddrPort("198.19.1.1:5353"), false}
 	if !ok || f != want {
 		t.Errorf("toFlow(UDP) = %v %v, want %v", f, ok, want)
 	}
 	if f, ok := toFlow(mk(unix.IPPROTO_SCTP)); !ok || f.Protocol != model.SCTP {
 		t.Errorf("toFlow(SCTP) = %v %v", f, ok)
 	}
-	if _, ok := toFlow(mk(unix.IPPROTO_TCP)); ok {
-		t.Error("toFlow(TCP) accepted a TCP flow")
+	tcp := mk(unix.IPPROTO_TCP)
+	tcp.ProtoInfo = &netlink.ProtoInfoTCP{State: tcpConntrackSynSent}
+	if f, ok := toFlow(tcp); !ok || f.Protocol != model.TCP || !f.SynSent {
+		t.Errorf("toFlow(TCP SYN_SENT) = %v %v", f, ok)
 	}
 	called := false
-	if flowFilter(func(Flow) bool { called = true; return true }).MatchConntrackFlow(mk(unix.IPPROTO_TCP)) || called {
-		t.Error("filter consulted the plan for a TCP flow")
+	if flowFilter(func(Flow) bool { called = true; return true }).MatchConntrackFlow(mk(unix.IPPROTO_ICMP)) || called {
+		t.Error("filter consulted the plan for an ICMP flow")
 	}
 }

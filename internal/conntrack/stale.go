@@ -1,7 +1,8 @@
 // Package conntrack keeps the kernel's connection-tracking table in step with
 // the Services kproxy programs: it deletes UDP and SCTP entries that still send
 // a Service's traffic to an endpoint that no longer serves it (or that were
-// created while the Service had no endpoint), and it sets the nf_conntrack
+// created while the Service had no endpoint), deletes TCP SYNs that reached a
+// frontend before its rules did (so a reused source port is DNATed), and sets the nf_conntrack
 // sysctls from the KubeProxyConfiguration's conntrack block.
 //
 // The decision is pure (NewPlan, Plan.Stale); the kernel is behind the small
@@ -25,6 +26,8 @@ type Flow struct {
 	// ReplySrc is where replies come from: the endpoint the flow was DNATed to,
 	// or OrigDst when it was not DNATed.
 	ReplySrc netip.AddrPort
+	// SynSent is true for a TCP flow still waiting for its first answer.
+	SynSent bool
 }
 
 type frontend struct {
@@ -42,6 +45,9 @@ type nodePort struct {
 type target struct {
 	serving map[netip.AddrPort]struct{}
 	changed bool
+	// unnatedOnly restricts a TCP frontend to SYN_SENT flows that were not
+	// DNATed.
+	unnatedOnly bool
 }
 
 // Plan says which flows of one IP family are stale. Build it with NewPlan.
@@ -69,6 +75,12 @@ func CleansProtocol(p model.Protocol) bool {
 // When full is false only frontends whose serving endpoints or addresses
 // changed since prev are cleaned (the others cannot have new stale flows); a
 // full plan cleans every frontend.
+//
+// TCP frontends that just became reachable (new, moved, or their first
+// serving endpoint) are indexed too, for one kind of flow only: a SYN that
+// was never DNATed because it arrived before the rules. Its conntrack entry
+// would otherwise capture a client that reuses the source port for the next
+// 120 s, bypassing the DNAT.
 func NewPlan(prev, next *model.FamilySnapshot, full bool) *Plan {
 	p := &Plan{byAddr: map[frontend]*target{}, byNode: map[nodePort]*target{}}
 	if next == nil {
@@ -76,6 +88,12 @@ func NewPlan(prev, next *model.FamilySnapshot, full bool) *Plan {
 	}
 	p.Family = next.Family
 	for _, port := range next.Ports {
+		if port.Protocol == model.TCP {
+			if serving := servingSet(port); len(serving) > 0 && becameReachable(prevPort(prev, port.ID), port, full) {
+				p.add(port, &target{serving: serving, changed: true, unnatedOnly: true})
+			}
+			continue
+		}
 		if !CleansProtocol(port.Protocol) {
 			continue
 		}
@@ -159,6 +177,23 @@ func portChanged(old, next *model.ServicePort) bool {
 	return false
 }
 
+// becameReachable reports whether a TCP port's frontends can have flows from
+// before they had rules: the port is new, its frontends moved, or it had no
+// serving endpoint before. A full sync counts every port.
+func becameReachable(old, next *model.ServicePort, full bool) bool {
+	if full || old == nil {
+		return true
+	}
+	if old == next {
+		return false
+	}
+	if old.Port != next.Port || old.NodePort != next.NodePort || old.ClusterIP != next.ClusterIP ||
+		!slices.Equal(old.ExternalIPs, next.ExternalIPs) || !slices.Equal(old.LoadBalancerIPs, next.LoadBalancerIPs) {
+		return true
+	}
+	return len(servingSet(old)) == 0
+}
+
 // Empty reports whether the plan can match no flow, so the table need not be
 // listed at all.
 func (p *Plan) Empty() bool { return p == nil || p.nChanged == 0 }
@@ -168,7 +203,7 @@ func (p *Plan) Empty() bool { return p == nil || p.nChanged == 0 }
 // serving endpoints. A flow to a Service IP is judged by that Service only;
 // the NodePort index is consulted for other destinations.
 func (p *Plan) Stale(f Flow) bool {
-	if p.Empty() || !CleansProtocol(f.Protocol) {
+	if p.Empty() || (!CleansProtocol(f.Protocol) && f.Protocol != model.TCP) {
 		return false
 	}
 	t, ok := p.byAddr[frontend{f.Protocol, unmap(f.OrigDst)}]
@@ -177,6 +212,9 @@ func (p *Plan) Stale(f Flow) bool {
 	}
 	if !ok || !t.changed {
 		return false
+	}
+	if t.unnatedOnly || f.Protocol == model.TCP {
+		return t.unnatedOnly && f.Protocol == model.TCP && f.SynSent && unmap(f.ReplySrc) == unmap(f.OrigDst)
 	}
 	_, serving := t.serving[unmap(f.ReplySrc)]
 	return !serving

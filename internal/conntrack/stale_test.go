@@ -58,7 +58,10 @@ func TestPlanStale(t *testing.T) {
 		{"DNATed to a terminating, not serving endpoint", flow(model.UDP, "198.18.0.10:53", "198.19.1.2:53"), true},
 		{"not DNATed (created while no endpoint)", flow(model.UDP, "198.18.0.10:53", "198.18.0.10:53"), true},
 		{"same IP, other port", flow(model.UDP, "198.18.0.10:54", "198.19.9.9:54"), false},
-		{"TCP is never cleaned", flow(model.TCP, "198.18.0.10:53", "198.19.9.9:53"), false},
+		{"TCP DNATed to a gone endpoint is left alone", flow(model.TCP, "198.18.0.10:53", "198.19.9.9:53"), false},
+		{"TCP established, not DNATed, is left alone", flow(model.TCP, "198.18.0.10:53", "198.18.0.10:53"), false},
+		{"TCP SYN_SENT not DNATed (before the rules) is cleaned", Flow{model.TCP, netip.MustParseAddrPort("198.18.0.10:53"), netip.MustParseAddrPort("198.18.0.10:53"), true}, true},
+		{"TCP SYN_SENT DNATed is left alone", Flow{model.TCP, netip.MustParseAddrPort("198.18.0.10:53"), netip.MustParseAddrPort("198.19.1.1:53"), true}, false},
 		{"external IP", flow(model.UDP, "198.18.100.1:80", "198.19.9.9:8080"), true},
 		{"load-balancer IP", flow(model.UDP, "198.18.200.1:80", "198.19.9.9:8080"), true},
 		{"load-balancer IP, serving", flow(model.UDP, "198.18.200.1:80", "198.19.2.1:8080"), false},
@@ -69,7 +72,7 @@ func TestPlanStale(t *testing.T) {
 		{"SCTP serving", flow(model.SCTP, "198.18.0.30:9000", "198.19.3.1:9000"), false},
 		{"service without serving endpoints is left alone", flow(model.UDP, "198.18.0.40:30080", "198.19.9.9:1"), false},
 		{"unknown destination", flow(model.UDP, "198.18.9.9:53", "198.19.9.9:53"), false},
-		{"IPv4-mapped addresses", Flow{model.UDP, netip.MustParseAddrPort("[::ffff:198.18.0.10]:53"), netip.MustParseAddrPort("[::ffff:198.19.9.9]:53")}, true},
+		{"IPv4-mapped addresses", Flow{model.UDP, netip.MustParseAddrPort("[::ffff:198.18.0.10]:53"), netip.MustParseAddrPort("[::ffff:198.19.9.9]:53"), false}, true},
 	}
 	plan := NewPlan(nil, next, false)
 	for _, tc := range tests {
@@ -137,5 +140,33 @@ func TestCountCPUList(t *testing.T) {
 		if got := countCPUList(in); got != want {
 			t.Errorf("countCPUList(%q) = %d, want %d", in, got, want)
 		}
+	}
+}
+
+// TestPlanTCPBeforeRules: an un-DNATed SYN_SENT flow is cleaned only when its
+// TCP frontend just became reachable, never on an unrelated partial sync.
+func TestPlanTCPBeforeRules(t *testing.T) {
+	web := svc("web", model.TCP, "198.18.0.80", 80, 0, ep("198.19.8.1:8080", true))
+	noEP := *web
+	noEP.Endpoints = nil
+	moved := *web
+	moved.Endpoints = []*model.Endpoint{ep("198.19.8.2:8080", true)}
+	synSent := Flow{model.TCP, netip.MustParseAddrPort("198.18.0.80:80"), netip.MustParseAddrPort("198.18.0.80:80"), true}
+	for _, tc := range []struct {
+		name       string
+		prev, next *model.FamilySnapshot
+		want       bool
+	}{
+		{"new Service", nil, fam(web), true},
+		{"first serving endpoint", fam(&noEP), fam(web), true},
+		{"unchanged", fam(web), fam(web), false},
+		{"endpoint moved, was reachable", fam(web), fam(&moved), false},
+		{"no serving endpoint yet", nil, fam(&noEP), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := NewPlan(tc.prev, tc.next, false).Stale(synSent); got != tc.want {
+				t.Errorf("Stale = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

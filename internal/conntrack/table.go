@@ -71,6 +71,9 @@ func (t *NetlinkTable) DeleteFlows(family model.Family, stale func(Flow) bool) (
 	return total, nil
 }
 
+// tcpConntrackSynSent is the kernel's TCP_CONNTRACK_SYN_SENT.
+const tcpConntrackSynSent = 1
+
 // flowFilter adapts a stale func to netlink's filter interface.
 type flowFilter func(Flow) bool
 
@@ -88,14 +91,20 @@ func toFlow(c *netlink.ConntrackFlow) (Flow, bool) {
 		proto = model.UDP
 	case unix.IPPROTO_SCTP:
 		proto = model.SCTP
+	case unix.IPPROTO_TCP:
+		proto = model.TCP
 	default:
 		return Flow{}, false
 	}
-	return Flow{
+	f := Flow{
 		Protocol: proto,
 		OrigDst:  addrPort(c.Forward.DstIP, c.Forward.DstPort),
 		ReplySrc: addrPort(c.Reverse.SrcIP, c.Reverse.SrcPort),
-	}, true
+	}
+	if info, ok := c.ProtoInfo.(*netlink.ProtoInfoTCP); ok {
+		f.SynSent = info.State == tcpConntrackSynSent
+	}
+	return f, true
 }
 
 func addrPort(ip net.IP, port uint16) netip.AddrPort {
