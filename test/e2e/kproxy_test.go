@@ -21,6 +21,7 @@ import (
 // is one line here. KPROXY_E2E_MODES (comma-separated) overrides the list.
 var proxyModes = []string{
 	"nftables",
+	"iptables",
 }
 
 func modes() []string {
