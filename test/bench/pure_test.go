@@ -1,0 +1,129 @@
+//go:build e2e
+
+package bench
+
+import (
+	"math"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// Unprivileged checks of the benchmark's pure helpers (run without
+// KPROXY_BENCH: `go test -tags e2e -run TestPure ./test/bench/`).
+
+func TestPureHistogram(t *testing.T) {
+	text := `# HELP kubeproxy_sync_proxy_rules_duration_seconds x
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.001"} 1
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.002"} 3
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="+Inf"} 4
+kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family="IPv4"} 0.01
+kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"} 4
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv6",le="0.001"} 1
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv6",le="0.002"} 1
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv6",le="+Inf"} 1
+kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family="IPv6"} 0.0005
+kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv6"} 1
+other_metric 7
+`
+	h := parseHistograms(text, metricSync)[metricSync]
+	if h.count != 5 || math.Abs(h.sum-0.0105) > 1e-9 {
+		t.Fatalf("count %v sum %v, want 5 and 0.0105", h.count, h.sum)
+	}
+	cases := []struct{ q, want float64 }{
+		{0.2, 0.0005},  // rank 1: half of the first bucket (2)
+		{0.6, 0.0015},  // rank 3 of buckets 2 (at 0.001) .. 4 (at 0.002)
+		{0.99, 0.002},  // in +Inf: the last finite bound
+		{0.0, 0.0},     // rank 0
+		{0.4, 0.001},   // rank 2 = first bucket's count
+		{0.8, 0.002},   // rank 4 = second bucket's count
+		{1.0, 0.002},   // all
+		{0.5, 0.00125}, // rank 2.5
+	}
+	for _, c := range cases {
+		if got := h.quantile(c.q); math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("quantile(%v) = %v, want %v", c.q, got, c.want)
+		}
+	}
+	d := h.sub(h)
+	if d.count != 0 || !math.IsNaN(d.mean()) || !math.IsNaN(d.quantile(0.5)) {
+		t.Errorf("h - h = %+v, want empty", d)
+	}
+}
+
+func TestPureSummarize(t *testing.T) {
+	cases := []struct {
+		in   []float64
+		want string
+	}{
+		{[]float64{2}, "2.0"},
+		{[]float64{3, 1, 2}, "2.0 (1.0–3.0)"},
+		{[]float64{4, 1, 2, 3}, "2.5 (1.0–4.0)"},
+		{[]float64{5, 5}, "5.0"},
+	}
+	for _, c := range cases {
+		s, ok := summarize(c.in)
+		if !ok || s.format(1) != c.want {
+			t.Errorf("summarize(%v) = %q, want %q", c.in, s.format(1), c.want)
+		}
+	}
+	if _, ok := summarize(nil); ok {
+		t.Error("summarize(nil) reported a value")
+	}
+}
+
+func TestPureUpdateDoc(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "perf.md")
+	if err := os.WriteFile(path, []byte("# title\n\nbefore\n"+docBegin+"\nSTALE-CONTENT\n"+docEnd+"\nafter\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st := store{}
+	for _, proxy := range []string{"kproxy", "upstream"} {
+		e := entry{Size: "10×2", Mode: "nftables", Proxy: proxy, Runs: 1,
+			Values: map[string][]float64{"cold_start_s": {map[string]float64{"kproxy": 1, "upstream": 3}[proxy]}}}
+		st[e.key()] = e
+	}
+	if err := updateDoc(path, st); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(path)
+	got := string(b)
+	for _, want := range []string{"before\n" + docBegin, docEnd + "\nafter", "| 1.00 | 3.00 | 3.00× |", "10 × 2 Services"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("document lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "STALE-CONTENT") {
+		t.Errorf("old generated part kept:\n%s", got)
+	}
+}
+
+func TestPureObjects(t *testing.T) {
+	if got := addrAdd(netip.MustParseAddr("198.18.130.250"), 10); got != netip.MustParseAddr("198.18.131.4") {
+		t.Errorf("addrAdd = %s", got)
+	}
+	if last := addrAdd(clusterIPBase, maxServices-1); !netip.MustParsePrefix("198.18.128.0/17").Contains(last) {
+		t.Errorf("Service %d's ClusterIP %s is outside the Service CIDR", maxServices-1, last)
+	}
+	pods := map[netip.Addr]bool{}
+	for _, p := range plannedPods() {
+		pods[p.ip] = true
+	}
+	seen := map[string]bool{}
+	for k := range fakeEndpointSpace {
+		ep := fakeEndpoint(k)
+		a := netip.MustParseAddr(ep.Addresses[0])
+		if pods[a] || seen[a.String()] {
+			t.Fatalf("fake endpoint %d = %s collides", k, a)
+		}
+		seen[a.String()] = true
+	}
+	if s := sampleIndexes(1000); len(s) != sampleCount || s[0] != 0 || s[len(s)-1] != 999 {
+		t.Errorf("sampleIndexes(1000) = %v", s)
+	}
+	if s := sampleIndexes(3); len(s) != 3 {
+		t.Errorf("sampleIndexes(3) = %v", s)
+	}
+}
