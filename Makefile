@@ -26,7 +26,7 @@ e2e: build testbed-deps
 	$(GO) test -tags e2e -count=1 -timeout 40m -v ./test/e2e/... 2>&1 | tee $(BIN)/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|e2e:' ; exit $${PIPESTATUS[0]}
 
 ## what the README calls "the test command"
-test: lint unit fuzz e2e
+test: lint unit fuzz e2e bench-smoke
 
 testbed-deps:
 	bash tools/build-apiserver.sh
