@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -47,8 +48,35 @@ func sh(t testing.TB, args ...string) {
 	}
 }
 
+// sweepDeadLabs deletes namespaces of earlier labs whose test process is
+// gone (killed by a timeout before its cleanups ran): names are
+// kpipt-<pid>-..., and only those of a dead pid are touched.
+func sweepDeadLabs(t testing.TB) {
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		name, _, _ := strings.Cut(line, " ")
+		parts := strings.Split(name, "-")
+		if len(parts) < 3 || parts[0] != "kpipt" {
+			continue
+		}
+		pid, err := strconv.Atoi(parts[1])
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+			continue
+		}
+		t.Logf("removing namespace %s left by dead test process %d", name, pid)
+		_ = exec.Command("ip", "netns", "del", name).Run()
+	}
+}
+
 func newNetLab(t testing.TB) *netLab {
 	requireRoot(t)
+	sweepDeadLabs(t)
 	id := fmt.Sprintf("kpipt-%d-%d", os.Getpid(), time.Now().UnixNano()%100000)
 	l := &netLab{t: t, node: id + "-node", pod: id + "-pod", client: id + "-cli"}
 	for _, ns := range []string{l.node, l.pod, l.client} {
