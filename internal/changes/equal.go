@@ -10,36 +10,35 @@ import (
 // nothing kproxy reads is a no-op), but a shared non-empty ResourceVersion
 // proves equality without comparing content. nil equals only nil.
 
-func equalService(a, b *objects.Service) bool {
+// equalObjects applies that rule: strip clears, on a copy, the fields that
+// do not count (ResourceVersion at least).
+func equalObjects[T any](a, b *T, version func(*T) string, strip func(*T)) bool {
 	if a == b {
 		return true
 	}
 	if a == nil || b == nil {
 		return false
 	}
-	if a.ResourceVersion != "" && a.ResourceVersion == b.ResourceVersion {
+	if v := version(a); v != "" && v == version(b) {
 		return true
 	}
 	x, y := *a, *b
-	x.ResourceVersion, y.ResourceVersion = "", ""
+	strip(&x)
+	strip(&y)
 	return reflect.DeepEqual(x, y)
 }
 
+func equalService(a, b *objects.Service) bool {
+	return equalObjects(a, b,
+		func(s *objects.Service) string { return s.ResourceVersion },
+		func(s *objects.Service) { s.ResourceVersion = "" })
+}
+
 func equalSlice(a, b *objects.EndpointSlice) bool {
-	if a == b {
-		return true
-	}
-	if a == nil || b == nil {
-		return false
-	}
-	if a.ResourceVersion != "" && a.ResourceVersion == b.ResourceVersion {
-		return true
-	}
-	x, y := *a, *b
-	x.ResourceVersion, y.ResourceVersion = "", ""
-	// A new trigger time alone changes nothing to program.
-	x.TriggerTime, y.TriggerTime = "", ""
-	return reflect.DeepEqual(x, y)
+	return equalObjects(a, b,
+		func(s *objects.EndpointSlice) string { return s.ResourceVersion },
+		// A new trigger time alone changes nothing to program.
+		func(s *objects.EndpointSlice) { s.ResourceVersion, s.TriggerTime = "", "" })
 }
 
 // equalSlices compares two name-sorted slice lists.
@@ -56,16 +55,7 @@ func equalSlices(a, b []*objects.EndpointSlice) bool {
 }
 
 func equalNode(a, b *objects.Node) bool {
-	if a == b {
-		return true
-	}
-	if a == nil || b == nil {
-		return false
-	}
-	if a.ResourceVersion != "" && a.ResourceVersion == b.ResourceVersion {
-		return true
-	}
-	x, y := *a, *b
-	x.ResourceVersion, y.ResourceVersion = "", ""
-	return reflect.DeepEqual(x, y)
+	return equalObjects(a, b,
+		func(n *objects.Node) string { return n.ResourceVersion },
+		func(n *objects.Node) { n.ResourceVersion = "" })
 }

@@ -1,7 +1,6 @@
 package changes
 
 import (
-	"reflect"
 	"slices"
 	"strings"
 
@@ -74,16 +73,9 @@ func (t *Tracker) rebaseServiceCIDRs(b *Batch) {
 func byCIDRName(c *objects.ServiceCIDR, name string) int { return strings.Compare(c.Name, name) }
 
 func equalServiceCIDR(a, b *objects.ServiceCIDR) bool {
-	if a == b {
-		return true
-	}
-	if a == nil || b == nil {
-		return false
-	}
-	if a.ResourceVersion != "" && a.ResourceVersion == b.ResourceVersion {
-		return true
-	}
-	return a.Name == b.Name && reflect.DeepEqual(a.CIDRs, b.CIDRs)
+	return equalObjects(a, b,
+		func(c *objects.ServiceCIDR) string { return c.ResourceVersion },
+		func(c *objects.ServiceCIDR) { c.ResourceVersion = "" })
 }
 
 // equalServiceCIDRs compares two name-sorted lists.
