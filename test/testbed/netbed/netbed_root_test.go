@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/netip"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -11,14 +13,16 @@ import (
 )
 
 // TestRootBed builds a small bed and checks pod-to-pod across nodes, node to
-// pod, client to node, and that nothing routes out. Needs root and a built
-// echo binary: go build -o bin/kproxy-echo ./test/echo (path in KPROXY_ECHO,
-// default ../../../bin/kproxy-echo).
+// pod, client to node, and that nothing routes out. Needs root. The echo
+// binary is KPROXY_ECHO, or built from ./test/echo into a temporary directory.
 func TestRootBed(t *testing.T) {
 	RequireRoot(t)
 	bin := os.Getenv("KPROXY_ECHO")
 	if bin == "" {
-		bin = "../../../bin/kproxy-echo"
+		bin = filepath.Join(t.TempDir(), "kproxy-echo")
+		if out, err := exec.Command("go", "build", "-o", bin, "../../echo").CombinedOutput(); err != nil {
+			t.Fatalf("building the echo server: %v\n%s", err, out)
+		}
 	}
 	if _, err := os.Stat(bin); err != nil {
 		if os.Getenv("CI") == "true" {
