@@ -53,7 +53,9 @@ func WithLogger(l klog.Logger) Option { return func(t *Tracker) { t.logger = l }
 // Batch is one Take: the whole current input and what is pending.
 // Everything in it is read-only and stays valid while sources keep writing.
 type Batch struct {
-	// Input is a consistent view of all objects at the time of Take.
+	// Input is a consistent view of the objects at the time of Take: all of
+	// them, or, when Input.Partial, only the changed Services and their
+	// slices (see TakeChanges).
 	Input model.Input
 	// Changed names the Services whose object or slices differ from the last
 	// successful sync (added, updated or deleted).
@@ -136,6 +138,9 @@ type Tracker struct {
 	cidrsGen     uint64
 
 	synced map[source.Kind]bool
+	// programmed is true once a Done(ok=true) happened: the consumer holds
+	// the state of every unchanged Service.
+	programmed bool
 }
 
 var _ source.Handler = (*Tracker)(nil)
@@ -168,19 +173,56 @@ func NewTracker(nodeName string, notify func(), opts ...Option) *Tracker {
 	return t
 }
 
+// TakeChanges is Take for a consumer that keeps the state of its last
+// successful Done: once one happened and the Node is not pending, the Batch
+// is Partial and its Input holds only the changed Services and their slices,
+// copied, so a change costs the size of the change, not of the cluster.
+// Before that, or when the Node changed (a new zone rebuilds everything), it
+// is a full Take.
+func (t *Tracker) TakeChanges() *Batch {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.programmed || t.nodePending {
+		return t.take()
+	}
+	b := t.newBatch()
+	b.Input.Partial = true
+	b.Input.Services = make(map[objects.Key]*objects.Service, len(t.pending))
+	b.Input.Slices = make(map[objects.Key][]*objects.EndpointSlice, len(t.pending))
+	for k := range t.pending {
+		if svc, ok := t.services[k]; ok {
+			b.Input.Services[k] = svc
+		}
+		if list, ok := t.bySvc[k]; ok {
+			b.Input.Slices[k] = list
+		}
+	}
+	return b
+}
+
 // Take returns the current input and everything pending. It copies only the
 // pending set: the object maps are shared with the Tracker until its next
 // write. Every Take must be followed by one Done.
 func (t *Tracker) Take() *Batch {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.take()
+}
+
+func (t *Tracker) take() *Batch {
 	t.sharedServices, t.sharedSlices = true, true
+	b := t.newBatch()
+	b.Input.Services = t.services
+	b.Input.Slices = t.bySvc
+	return b
+}
+
+// newBatch returns a Batch with everything but the Services and slices.
+func (t *Tracker) newBatch() *Batch {
 	b := &Batch{
 		Input: model.Input{
 			NodeName:     t.nodeName,
 			Node:         t.node,
-			Services:     t.services,
-			Slices:       t.bySvc,
 			ServiceCIDRs: t.cidrs,
 		},
 		Changed:             make(map[objects.Key]struct{}, len(t.pending)),
@@ -207,6 +249,7 @@ func (t *Tracker) Done(b *Batch, ok bool) {
 		return
 	}
 	t.mu.Lock()
+	t.programmed = true
 	for k := range b.Changed {
 		p := t.pending[k]
 		if p != nil && p.gen <= b.gen {

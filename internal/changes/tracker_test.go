@@ -352,6 +352,15 @@ func TestTrackerConcurrent(t *testing.T) {
 }
 
 func BenchmarkTake10k(b *testing.B) {
+	benchTake(b, (*Tracker).Take)
+}
+
+func BenchmarkTakeChanges10k(b *testing.B) {
+	benchTake(b, (*Tracker).TakeChanges)
+}
+
+// benchTake times one Service change taken and synced at 10k Services.
+func benchTake(b *testing.B, take func(*Tracker) *Batch) {
 	tr := newTestTracker()
 	for i := range 10000 {
 		name := fmt.Sprintf("s%d", i)
@@ -362,7 +371,6 @@ func BenchmarkTake10k(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		tr.OnService(svc("s1", fmt.Sprint(i+2), fmt.Sprintf("198.18.0.%d", i%200+2)))
-		bt := tr.Take()
-		tr.Done(bt, true)
+		tr.Done(take(tr), true)
 	}
 }

@@ -15,8 +15,9 @@ import (
 // consumes, so that each part can be replaced by a fake in tests and adapted
 // to the package that implements it.
 
-// Batch is one Take from the change tracker: the complete current input and
-// what changed since the last successful sync.
+// Batch is one Take from the change tracker: the current input (complete, or
+// only the changed Services when Input.Partial) and what changed since the
+// last successful sync.
 type Batch struct {
 	Input model.Input
 	// Changed names Services added, updated or removed (or whose slices
@@ -37,7 +38,9 @@ type Batch struct {
 // Tracker coalesces source events and keeps changes pending until a sync that
 // includes them succeeds.
 type Tracker interface {
-	// Take returns the current input and the pending changes.
+	// Take returns the pending changes and the input: complete until a
+	// Done(ok=true), afterwards (unless the Node changed) only the changed
+	// Services (Input.Partial), which model.Update needs.
 	Take() *Batch
 	// Done returns b: ok=true drops its changes from the pending set, false
 	// keeps them for the next Take.

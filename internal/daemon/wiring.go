@@ -102,7 +102,7 @@ func (a trackerAdapter) Synced() bool { return a.t.Synced() }
 func (a trackerAdapter) Node() *objects.Node { return a.t.Node() }
 
 func (a trackerAdapter) Take() *Batch {
-	cb := a.t.Take()
+	cb := a.t.TakeChanges()
 	return &Batch{
 		Input: cb.Input, Changed: cb.Changed, NodeChanged: cb.NodeChanged,
 		ServiceCIDRsChanged: cb.ServiceCIDRsChanged,

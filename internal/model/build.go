@@ -24,6 +24,11 @@ type Input struct {
 	// An object is replaced, never changed, when it changes: Update compares
 	// them by pointer.
 	ServiceCIDRs []*objects.ServiceCIDR
+	// Partial means Services and Slices hold only the Services an Update
+	// names as changed (all others are unchanged since the previous
+	// snapshot). Build cannot use such an input; Update can, as long as the
+	// node's name and zone stay the same.
+	Partial bool
 }
 
 // Build makes a Snapshot of the whole input. It also returns every problem
