@@ -105,8 +105,10 @@ type SyncReport struct {
 // Observer is told what the sync loop does; the health and metrics servers
 // implement it through adapters.
 type Observer interface {
-	// Started is called once when the sync loop starts.
-	Started(fams []model.Family)
+	// Started is called once when the sync loop starts, with what is known
+	// of this node then (the health server answers for it from then on, as
+	// upstream's does, not only after the first sync).
+	Started(fams []model.Family, node model.NodeInfo)
 	// Queued is called when a change is waiting to be programmed.
 	Queued(fams []model.Family)
 	// Synced is called after every sync attempt.
@@ -122,9 +124,9 @@ type Server interface {
 // observers fans events out to several Observers.
 type observers []Observer
 
-func (os observers) Started(fams []model.Family) {
+func (os observers) Started(fams []model.Family, node model.NodeInfo) {
 	for _, o := range os {
-		o.Started(fams)
+		o.Started(fams, node)
 	}
 }
 

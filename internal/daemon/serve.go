@@ -12,6 +12,7 @@ import (
 
 	"github.com/kproxy/kproxy/internal/conntrack"
 	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/model"
 	"github.com/kproxy/kproxy/internal/objects"
 )
 
@@ -36,7 +37,7 @@ func (d *daemon) serve(ctx context.Context) error {
 	if err := d.startServers(ctx, &wg); err != nil {
 		return err
 	}
-	d.obs.Started(d.fams)
+	d.obs.Started(d.fams, model.NodeInfoOf(d.nodeName, d.peekNode()))
 	wg.Go(func() { d.runner.Run(ctx) })
 	if d.o.ConfigFile != "" {
 		if initial, err := os.ReadFile(d.o.ConfigFile); err == nil {

@@ -79,7 +79,10 @@ func (o *serverObserver) ChangesPending(services, endpoints int) {
 	o.metrics.ChangesPending(services, endpoints)
 }
 
-func (o *serverObserver) Started(fams []model.Family) {
+func (o *serverObserver) Started(fams []model.Family, node model.NodeInfo) {
+	if node.Known {
+		o.health.SetNode(node)
+	}
 	now := time.Now()
 	for _, f := range fams {
 		o.health.Updated(f)

@@ -80,6 +80,13 @@ func addrList(ss []string, field string, probs *problemList) []netip.Addr {
 	return out
 }
 
+// NodeInfoOf returns what the proxy uses of this node's Node object (nil:
+// not known), without reporting problems; Build and Update report those.
+func NodeInfoOf(name string, n *objects.Node) NodeInfo {
+	info, _ := makeNodeInfo(name, n)
+	return info
+}
+
 // makeNodeInfo turns this node's Node object into a NodeInfo. A nil node
 // gives a NodeInfo with only the name and Known false.
 func makeNodeInfo(name string, n *objects.Node) (NodeInfo, []Problem) {

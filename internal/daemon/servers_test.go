@@ -1,0 +1,43 @@
+package daemon
+
+import (
+	"testing"
+
+	"github.com/kproxy/kproxy/internal/config"
+	"github.com/kproxy/kproxy/internal/model"
+)
+
+// TestHealthBeforeFirstSync: as upstream, /healthz is healthy from the
+// start of the sync loop when this node's Node is known, not only after the
+// first sync (which takes seconds at scale); a node being deleted is not
+// eligible from the start either.
+func TestHealthBeforeFirstSync(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		node         model.NodeInfo
+		wantEligible bool
+	}{
+		{"node known", model.NodeInfo{Name: "n1", Known: true}, true},
+		{"node unknown", model.NodeInfo{Name: "n1"}, false},
+		{"node being deleted", model.NodeInfo{Name: "n1", Known: true, Deleting: true}, false},
+		{"node tainted for deletion", model.NodeInfo{Name: "n1", Known: true, ToBeDeleted: true}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := &config.Options{Config: config.NewDefault()}
+			o.Config.HealthzBindAddress = "127.0.0.1:0"
+			o.Config.MetricsBindAddress = "127.0.0.1:0"
+			_, obs, err := defaultServers(ServerParams{Options: o, NodeName: "n1", Mode: ModeNFTables, Families: []model.Family{model.IPv4}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			so := obs[0].(*serverObserver)
+			so.Started([]model.Family{model.IPv4}, tc.node)
+			if !so.health.Healthy() {
+				t.Error("not healthy right after the sync loop started")
+			}
+			if got := so.health.NodeEligible(); got != tc.wantEligible {
+				t.Errorf("NodeEligible = %v, want %v", got, tc.wantEligible)
+			}
+		})
+	}
+}
