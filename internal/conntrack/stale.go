@@ -2,8 +2,9 @@
 // the Services kproxy programs: it deletes UDP and SCTP entries that still send
 // a Service's traffic to an endpoint that no longer serves it (or that were
 // created while the Service had no endpoint), deletes TCP SYNs that reached a
-// frontend before its rules did (so a reused source port is DNATed), and sets the nf_conntrack
-// sysctls from the KubeProxyConfiguration's conntrack block.
+// frontend before its rules did (so that their retransmits are DNATed), and
+// sets the nf_conntrack sysctls from the KubeProxyConfiguration's conntrack
+// block.
 //
 // The decision is pure (NewPlan, Plan.Stale); the kernel is behind the small
 // Table interface, with a netlink implementation and a fake for tests.
@@ -77,20 +78,28 @@ func CleansProtocol(p model.Protocol) bool {
 // full plan cleans every frontend.
 //
 // TCP frontends that just became reachable (new, moved, or their first
-// serving endpoint) are indexed too, for one kind of flow only: a SYN that
-// was never DNATed because it arrived before the rules. Its conntrack entry
-// would otherwise capture a client that reuses the source port for the next
-// 120 s, bypassing the DNAT.
+// serving endpoint) are indexed too, for one kind of flow only (not done by
+// upstream): a SYN that was never DNATed because it arrived before the
+// rules. A client whose first SYN was lost retransmits it with the same
+// addresses and ports; while that entry lives (SYN_SENT, refreshed by each
+// retransmit) the retransmits match it and bypass the DNAT, so the connect
+// would hang until it times out.
 func NewPlan(prev, next *model.FamilySnapshot, full bool) *Plan {
 	p := &Plan{byAddr: map[frontend]*target{}, byNode: map[nodePort]*target{}}
 	if next == nil {
 		return p
 	}
 	p.Family = next.Family
+	if !full && !anyCleaned(prev, next) {
+		// The common single-endpoint change of a TCP Service: no index,
+		// no table walk, and no work proportional to the cluster.
+		return p
+	}
 	for _, port := range next.Ports {
 		if port.Protocol == model.TCP {
-			if serving := servingSet(port); len(serving) > 0 && becameReachable(prevPort(prev, port.ID), port, full) {
-				p.add(port, &target{serving: serving, changed: true, unnatedOnly: true})
+			// Only un-DNATed SYNs are judged: no serving set needed.
+			if hasServing(port) && becameReachable(prevPort(prev, port.ID), port, full) {
+				p.add(port, reachableTCP)
 			}
 			continue
 		}
@@ -108,6 +117,41 @@ func NewPlan(prev, next *model.FamilySnapshot, full bool) *Plan {
 		p.add(port, &target{serving: serving, changed: changed})
 	}
 	return p
+}
+
+// reachableTCP is the target of every TCP frontend a plan indexes.
+var reachableTCP = &target{changed: true, unnatedOnly: true}
+
+// anyCleaned reports whether a partial plan from prev to next has a frontend
+// to clean: the loop of NewPlan without building anything (unchanged ports
+// are shared between snapshots, so most checks are a pointer comparison).
+func anyCleaned(prev, next *model.FamilySnapshot) bool {
+	for _, port := range next.Ports {
+		old := prevPort(prev, port.ID)
+		if old == port {
+			continue
+		}
+		switch {
+		case port.Protocol == model.TCP:
+			if hasServing(port) && becameReachable(old, port, false) {
+				return true
+			}
+		case CleansProtocol(port.Protocol):
+			if hasServing(port) && portChanged(old, port) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func hasServing(port *model.ServicePort) bool {
+	for _, ep := range port.Endpoints {
+		if ep.Serving {
+			return true
+		}
+	}
+	return false
 }
 
 func prevPort(prev *model.FamilySnapshot, id model.PortID) *model.ServicePort {

@@ -21,8 +21,10 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 	snap, problems := model.Update(d.prev, b.Input, b.Changed)
 	d.problems.log(ctx, problems)
 	d.handServiceCIDRs(ctx, snap)
+	modelDone := d.env.clock.Now()
 
 	err := d.dp.Sync(ctx, snap, dataplane.SyncRequest{Full: req.Full, Changed: b.Changed, NodeChanged: b.NodeChanged})
+	dpDone := d.env.clock.Now()
 	d.inputs.Tracker.Done(b, err == nil)
 	report := SyncReport{
 		Full: req.Full, Families: d.fams, Start: start, Err: err,
@@ -35,12 +37,14 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 	}
 	first := d.prev == nil
 	report.Conntrack = d.cleaner.Clean(ctx, d.prev, snap, req.Full)
+	ctDone := d.env.clock.Now()
 	d.prev = snap
 	report.Snapshot = snap
 	report.Duration = d.env.clock.Since(start)
 	d.obs.Synced(report)
 	adaptMemoryLimit()
-	logger.V(2).Info("Sync complete", "reason", req.Reason, "full", req.Full, "changed", len(b.Changed), "serviceCIDRsChanged", b.ServiceCIDRsChanged, "elapsed", report.Duration)
+	logger.V(2).Info("Sync complete", "reason", req.Reason, "full", req.Full, "changed", len(b.Changed), "serviceCIDRsChanged", b.ServiceCIDRsChanged,
+		"elapsed", report.Duration, "model", modelDone.Sub(start), "dataplane", dpDone.Sub(modelDone), "conntrack", ctDone.Sub(dpDone), "report", d.env.clock.Since(ctDone))
 	if first {
 		// This mode's rules are in place: the other modes' rules can go
 		// now without leaving a window.

@@ -11,8 +11,9 @@ import (
 // SyncServices and SyncEndpoints as upstream computes them:
 //   - ports: each Service with a health-check node port (the model sets it
 //     for LoadBalancer Services with externalTrafficPolicy=Local);
-//   - localReady: per Service, the number of distinct IPs of ready
-//     endpoints on this node, over all its ports (an endpoint serving
+//   - localReady: per Service with a health-check node port (the only
+//     ones answered for), the number of distinct IPs of ready endpoints on
+//     this node, over all its ports (an endpoint serving
 //     several ports counts once; terminating ones do not count).
 //
 // A nil snapshot yields empty maps.
@@ -24,10 +25,13 @@ func ServiceInputs(fs *model.FamilySnapshot) (ports map[objects.Key]uint16, loca
 	}
 	ips := map[objects.Key]map[netip.Addr]struct{}{}
 	for _, p := range fs.Ports {
-		key := p.ID.Service()
-		if p.HealthCheckNodePort != 0 {
-			ports[key] = p.HealthCheckNodePort
+		if p.HealthCheckNodePort == 0 {
+			// Only Services with a health-check port are answered for:
+			// skipping the others keeps a sync at 10k Services cheap.
+			continue
 		}
+		key := p.ID.Service()
+		ports[key] = p.HealthCheckNodePort
 		for _, ep := range p.Endpoints {
 			if !ep.IsLocal || !ep.Ready {
 				continue

@@ -75,7 +75,12 @@ type runBed struct {
 
 func newRunBed(t *testing.T, p params) *runBed {
 	t.Helper()
-	bed := netbed.Start(t, netbed.Options{Layout: benchLayout(), EchoBinary: p.echoBin})
+	opts := netbed.Options{Layout: benchLayout(), EchoBinary: p.echoBin}
+	if p.profile != "" {
+		// Keep the process logs next to the profiles.
+		opts.LogDir = filepath.Join(p.profile, "logs-"+strings.NewReplacer("/", "-", "×", "x").Replace(t.Name()))
+	}
+	bed := netbed.Start(t, opts)
 	ctx := context.Background()
 	want := plannedPods()
 	for i, pp := range podPlan {

@@ -66,7 +66,7 @@ type famState struct {
 var sharedSets = func() []*set {
 	var out []*set
 	for _, s := range (&renderer{addrType: "ipv4_addr", ipX: "ip"}).fixedSets() {
-		if !isConfigSet(s.Name) {
+		if !isConfigSet(s.Name) && !isDynamicSet(s.Name) {
 			out = append(out, s)
 		}
 	}
@@ -535,7 +535,7 @@ func (st *famState) readKernel(ctx context.Context) error {
 		}
 	}
 	for _, s := range newRenderer(dataplane.Config{}, st.fam, model.NodeInfo{}).fixedSets() {
-		if present[s.Name] && !isConfigSet(s.Name) {
+		if present[s.Name] && !isConfigSet(s.Name) && !isDynamicSet(s.Name) {
 			if err := st.readElems(ctx, s); err != nil {
 				return err
 			}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,6 +35,9 @@ func scaleSnapshot(n, eps int) *model.Snapshot {
 		opts := []func(*model.ServicePort){withEPs(list...)}
 		if i%10 == 0 {
 			opts = append(opts, withNodePort(uint16(30000+i/10)))
+		}
+		if i%10 == 1 && os.Getenv("KPROXY_SCALE_AFFINITY") != "" {
+			opts = append(opts, withAffinity(10800))
 		}
 		ports = append(ports, svc("ns", fmt.Sprintf("svc-%05d", i), fmt.Sprintf("198.19.%d.%d", i>>8, i&255), 80, opts...))
 	}
@@ -227,4 +232,21 @@ func TestPrivilegedScaleChild(t *testing.T) {
 	start := time.Now()
 	tn.sync(p, snap, dataplane.SyncRequest{Full: true})
 	fmt.Printf("SYNC_NS=%d\n", time.Since(start).Nanoseconds())
+	if path := os.Getenv("KPROXY_SCALE_HEAP"); path != "" {
+		// What a synced proxier keeps (the snapshot is the model's, not ours).
+		runtime.GC()
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := pprof.WriteHeapProfile(f); err != nil {
+			t.Fatal(err)
+		}
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		fmt.Printf("HEAP_INUSE=%d (%d MiB)\n", ms.HeapAlloc, ms.HeapAlloc>>20)
+		runtime.KeepAlive(p)
+		runtime.KeepAlive(snap)
+	}
 }

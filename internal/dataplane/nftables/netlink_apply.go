@@ -76,10 +76,10 @@ func (t *nlTxn) queue(o op) error {
 		return t.rule(o.verb, obj)
 	case *knftables.Set:
 		return t.set(o.verb, obj.Name, &set{Name: obj.Name, Type: obj.Type, TypeOf: obj.TypeOf, Flags: obj.Flags,
-			Timeout: deref(obj.Timeout), Comment: deref(obj.Comment)})
+			Timeout: deref(obj.Timeout), Size: deref(obj.Size), Comment: deref(obj.Comment)})
 	case *knftables.Map:
 		return t.set(o.verb, obj.Name, &set{Name: obj.Name, IsMap: true, Type: obj.Type, TypeOf: obj.TypeOf, Flags: obj.Flags,
-			Timeout: deref(obj.Timeout), Comment: deref(obj.Comment)})
+			Timeout: deref(obj.Timeout), Size: deref(obj.Size), Comment: deref(obj.Comment)})
 	default:
 		return errNoNetlink
 	}

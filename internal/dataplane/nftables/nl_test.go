@@ -1,9 +1,13 @@
 package nftables
 
 import (
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
+	"golang.org/x/sys/unix"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -112,5 +116,44 @@ func TestFirewallRuleExpands(t *testing.T) {
 	}
 	if _, err := n.ruleExprs("ip saddr frobnicate"); !errors.Is(err, errNoNetlink) {
 		t.Errorf("unknown statement: %v, want errNoNetlink", err)
+	}
+}
+
+// TestBatchChunks: a batch larger than a chunk is whole messages in order
+// across its parts, each message once, the ack flag only on the last one.
+func TestBatchChunks(t *testing.T) {
+	b := newNLBatch(unix.NFPROTO_IPV4, DefaultTableName, 64)
+	const n = 40000 // ~2.5 MiB of flush messages
+	for i := range n {
+		b.flushChain(fmt.Sprintf("chain-%05d", i))
+	}
+	parts, ackSeq, empty := b.bytes()
+	if empty || len(parts) < 2 {
+		t.Fatalf("%d parts (empty=%v), want more than one", len(parts), empty)
+	}
+	whole := slices.Concat(parts...)
+	var seqs []uint32
+	acks := 0
+	for off := 0; off < len(whole); {
+		l := int(binary.NativeEndian.Uint32(whole[off:]))
+		if l < nlmsgHdrLen || off+l > len(whole) {
+			t.Fatalf("bad message length %d at %d of %d", l, off, len(whole))
+		}
+		if binary.NativeEndian.Uint16(whole[off+6:])&unix.NLM_F_ACK != 0 {
+			acks++
+		}
+		seqs = append(seqs, binary.NativeEndian.Uint32(whole[off+8:]))
+		off += (l + 3) &^ 3
+	}
+	if len(seqs) != n+2 || acks != 1 || seqs[len(seqs)-2] != ackSeq {
+		t.Fatalf("%d messages, %d acks, ack on %d (last message %d)", len(seqs), acks, ackSeq, seqs[len(seqs)-2])
+	}
+	for i, s := range seqs {
+		if s != uint32(i+1) {
+			t.Fatalf("message %d has sequence %d", i, s)
+		}
+	}
+	if got, want := b.describe(seqs[n-1]), fmt.Sprintf("flush chain chain-%05d", n-2); got != want {
+		t.Errorf("describe = %q, want %q", got, want)
 	}
 }

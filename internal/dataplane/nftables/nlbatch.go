@@ -18,14 +18,21 @@ import (
 // Only the last message asks for an acknowledgement; the kernel reports
 // errors of any message unasked, so a 100k-message batch costs one reply.
 type nlBatch struct {
-	buf   []byte
-	fam   byte   // NFPROTO_IPV4 or NFPROTO_IPV6
-	table string // every message is about this table
-	seq   uint32
+	// chunks are sealed parts of the batch (whole messages) and buf the
+	// part being written: a large batch grows by new chunks, never by
+	// copying what is written (at 10k Services the batch has tens of MB).
+	chunks [][]byte
+	buf    []byte
+	fam    byte   // NFPROTO_IPV4 or NFPROTO_IPV6
+	table  string // every message is about this table
+	seq    uint32
 	// setID numbers the sets created in this batch (NFTA_SET_ID).
 	setID uint32
-	// last is the offset of the last message header, for the ack flag.
-	last int
+	// last is the offset of the last message header in chunk lastChunk
+	// (len(chunks): in buf), for the ack flag; hasMsg is false until msg.
+	last      int
+	lastChunk int
+	hasMsg    bool
 }
 
 const (
@@ -34,11 +41,13 @@ const (
 	nfgenHdrLen        = 4
 	// maxListBytes keeps one element list under the 64 KiB attribute limit.
 	maxListBytes = 60000
+	// chunkBytes is the size at which a finished message seals a chunk.
+	chunkBytes = 1 << 20
 )
 
 // newNLBatch starts a batch; sizeHint is the expected number of bytes.
 func newNLBatch(fam byte, table string, sizeHint int) *nlBatch {
-	b := &nlBatch{fam: fam, table: table, seq: 1, buf: make([]byte, 0, sizeHint)}
+	b := &nlBatch{fam: fam, table: table, seq: 1, buf: make([]byte, 0, min(sizeHint, chunkBytes+64<<10))}
 	b.header(unix.NFNL_MSG_BATCH_BEGIN, unix.NLM_F_REQUEST, unix.AF_UNSPEC)
 	binary.BigEndian.PutUint16(b.buf[len(b.buf)-2:], nfnlSubsysNFTables)
 	b.finish(len(b.buf) - nlmsgHdrLen - nfgenHdrLen)
@@ -60,13 +69,17 @@ func (b *nlBatch) header(typ uint16, flags uint16, fam byte) int {
 
 func (b *nlBatch) finish(start int) {
 	binary.NativeEndian.PutUint32(b.buf[start:], uint32(len(b.buf)-start))
+	if len(b.buf) >= chunkBytes {
+		b.chunks = append(b.chunks, b.buf)
+		b.buf = make([]byte, 0, chunkBytes+64<<10)
+	}
 }
 
 // msg starts an nf_tables message about the table; the caller appends
 // attributes (the table attribute comes first) and calls finish.
 func (b *nlBatch) msg(typ uint16, flags uint16) int {
 	start := b.header(nfnlSubsysNFTables<<8|typ, unix.NLM_F_REQUEST|flags, b.fam)
-	b.last = start
+	b.last, b.lastChunk, b.hasMsg = start, len(b.chunks), true
 	return start
 }
 
@@ -82,25 +95,31 @@ var msgNames = map[uint16]string{
 // describe names the message with sequence number seq, found in the
 // batch (kept only for error reports, so the batch holds no descriptions).
 func (b *nlBatch) describe(seq uint32) string {
-	for off := 0; off+nlmsgHdrLen+nfgenHdrLen <= len(b.buf); {
-		l := int(binary.NativeEndian.Uint32(b.buf[off:]))
-		if l < nlmsgHdrLen || off+l > len(b.buf) {
-			break
+	for _, buf := range append(b.chunks[:len(b.chunks):len(b.chunks)], b.buf) {
+		for off := 0; off+nlmsgHdrLen+nfgenHdrLen <= len(buf); {
+			l := int(binary.NativeEndian.Uint32(buf[off:]))
+			if l < nlmsgHdrLen || off+l > len(buf) {
+				break
+			}
+			if binary.NativeEndian.Uint32(buf[off+8:]) == seq {
+				return describeMsg(buf[off : off+l])
+			}
+			off += (l + 3) &^ 3
 		}
-		if binary.NativeEndian.Uint32(b.buf[off+8:]) == seq {
-			typ := binary.NativeEndian.Uint16(b.buf[off+4:]) & 0xff
-			// The object's name is the second attribute of every message.
-			var names []string
-			eachAttr(b.buf[off+nlmsgHdrLen+nfgenHdrLen:off+l], func(_ uint16, data []byte) {
-				if len(names) < 2 && len(data) > 0 && data[len(data)-1] == 0 {
-					names = append(names, string(data[:len(data)-1]))
-				}
-			})
-			return strings.TrimSpace(msgNames[typ] + " " + strings.Join(names[min(1, len(names)):], ""))
-		}
-		off += (l + 3) &^ 3
 	}
 	return "netlink batch"
+}
+
+func describeMsg(m []byte) string {
+	typ := binary.NativeEndian.Uint16(m[4:]) & 0xff
+	// The object's name is the second attribute of every message.
+	var names []string
+	eachAttr(m[nlmsgHdrLen+nfgenHdrLen:], func(_ uint16, data []byte) {
+		if len(names) < 2 && len(data) > 0 && data[len(data)-1] == 0 {
+			names = append(names, string(data[:len(data)-1]))
+		}
+	})
+	return strings.TrimSpace(msgNames[typ] + " " + strings.Join(names[min(1, len(names)):], ""))
 }
 
 // attr appends one attribute, padded to 4 bytes.
@@ -136,36 +155,45 @@ func be32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
 
 func be64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 
-// bytes closes the batch and returns it, the last message asking for an
-// acknowledgement; ackSeq is that message's sequence number.
-func (b *nlBatch) bytes() (out []byte, ackSeq uint32, empty bool) {
-	if b.last == 0 {
+// bytes closes the batch and returns its parts, the last message asking for
+// an acknowledgement; ackSeq is that message's sequence number.
+func (b *nlBatch) bytes() (out [][]byte, ackSeq uint32, empty bool) {
+	if !b.hasMsg {
 		return nil, 0, true
 	}
-	flags := binary.NativeEndian.Uint16(b.buf[b.last+6:])
-	binary.NativeEndian.PutUint16(b.buf[b.last+6:], flags|unix.NLM_F_ACK)
-	ackSeq = binary.NativeEndian.Uint32(b.buf[b.last+8:])
+	last := b.buf
+	if b.lastChunk < len(b.chunks) {
+		last = b.chunks[b.lastChunk]
+	}
+	flags := binary.NativeEndian.Uint16(last[b.last+6:])
+	binary.NativeEndian.PutUint16(last[b.last+6:], flags|unix.NLM_F_ACK)
+	ackSeq = binary.NativeEndian.Uint32(last[b.last+8:])
 	start := b.header(unix.NFNL_MSG_BATCH_END, unix.NLM_F_REQUEST, unix.AF_UNSPEC)
 	binary.BigEndian.PutUint16(b.buf[len(b.buf)-2:], nfnlSubsysNFTables)
-	b.finish(start)
-	return b.buf, ackSeq, false
+	binary.NativeEndian.PutUint32(b.buf[start:], uint32(len(b.buf)-start))
+	return append(b.chunks, b.buf), ackSeq, false
 }
 
 // send sends the batch on a new socket in the calling thread's network
-// namespace and waits for the kernel's verdict.
+// namespace and waits for the kernel's verdict. The parts go in one
+// sendmsg: the kernel takes a batch only as one message.
 func (b *nlBatch) send() error {
-	buf, ackSeq, empty := b.bytes()
+	bufs, ackSeq, empty := b.bytes()
 	if empty {
 		return nil
 	}
-	fd, err := openNFNetlink(len(buf))
+	size := 0
+	for _, p := range bufs {
+		size += len(p)
+	}
+	fd, err := openNFNetlink(size)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
 	recordOwnPort(fd)
-	if err := unix.Sendto(fd, buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return fmt.Errorf("sending netlink batch of %d bytes: %w", len(buf), err)
+	if _, err := unix.SendmsgBuffers(fd, bufs, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0); err != nil {
+		return fmt.Errorf("sending netlink batch of %d bytes: %w", size, err)
 	}
 	return b.waitAck(fd, ackSeq)
 }

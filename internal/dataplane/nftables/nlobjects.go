@@ -115,6 +115,7 @@ var fieldTypes = map[string]struct{ id, size uint32 }{
 	"ipv6_addr":    {8, 16},
 	"inet_proto":   {12, 1},
 	"inet_service": {13, 2},
+	"mark":         {19, 4}, // host byte order
 }
 
 // typeOf returns nft's type number (concatenations take 6 bits per field)
@@ -170,6 +171,11 @@ func (b *nlBatch) addSet(s *set) error {
 	}
 	if s.Timeout > 0 {
 		b.attr(unix.NFTA_SET_TIMEOUT, be64(uint64(s.Timeout.Milliseconds())))
+	}
+	if s.Size > 0 {
+		d := b.nest(unix.NFTA_SET_DESC)
+		b.attr(unix.NFTA_SET_DESC_SIZE, be32(uint32(min(s.Size, 1<<32-1))))
+		b.end(d)
 	}
 	b.attr(unix.NFTA_SET_ID, be32(b.setID))
 	b.attr(unix.NFTA_SET_USERDATA, setUserdata(s))

@@ -2,8 +2,10 @@ package nftables
 
 import (
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	gnftables "github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -120,8 +122,8 @@ func (n *netlinkReader) stmt(t []string) ([]expr.Any, int, error) {
 			cmpReg(expr.CmpOpEq, make([]byte, 4))}, 5, nil
 	case at(0) == "mark":
 		return markStmt(t)
-	case at(0) == "update" && strings.HasPrefix(at(1), "@") && at(2) == "{" && at(5) == "}":
-		return n.update(at(1)[1:], at(3)+" "+at(4))
+	case at(0) == "update" && strings.HasPrefix(at(1), "@") && at(2) == "{":
+		return n.update(t)
 	case at(0) == "dnat" && at(1) == "to":
 		return n.dnat(at(2))
 	case at(0) == "dnat" && at(2) == "to" && at(3) == "numgen" && at(5) == "mod" && at(7) == "offset" && at(9) == "map":
@@ -134,13 +136,63 @@ func (n *netlinkReader) stmt(t []string) ([]expr.Any, int, error) {
 
 func (n *netlinkReader) v6() bool { return n.table.Family == gnftables.TableFamilyIPv6 }
 
-// update is `update @set { ip saddr }`: refresh the client in an affinity set.
-func (n *netlinkReader) update(set, sel string) ([]expr.Any, int, error) {
-	load, _, ok := n.selector(sel, 1)
-	if !ok {
+// update is `update @set { KEY [timeout Ns] }` (KEY as in selectorStmt):
+// add or refresh the client in the affinity set.
+func (n *netlinkReader) update(t []string) ([]expr.Any, int, error) {
+	end := slices.Index(t, "}")
+	if end < 0 {
 		return nil, 0, errNoNetlink
 	}
-	return []expr.Any{load, &expr.Dynset{SrcRegKey: 1, SetName: set, Operation: unix.NFT_DYNSET_OP_UPDATE}}, 6, nil
+	body := t[3:end]
+	var timeout time.Duration
+	if k := len(body); k >= 2 && body[k-2] == "timeout" {
+		d, err := time.ParseDuration(body[k-1])
+		if err != nil || d <= 0 {
+			return nil, 0, errNoNetlink
+		}
+		timeout, body = d, body[:k-2]
+	}
+	loads, used, ok := n.key(body)
+	if !ok || used != len(body) {
+		return nil, 0, errNoNetlink
+	}
+	return append(loads, &expr.Dynset{SrcRegKey: reg32First, SetName: t[1][1:], Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: timeout}), end + 1, nil
+}
+
+// key loads `SEL [. SEL|0xCONST]...` into consecutive registers from the
+// first; a hex constant takes one 32-bit register (a mark-typed field).
+func (n *netlinkReader) key(t []string) ([]expr.Any, int, bool) {
+	var loads []expr.Any
+	reg, i := uint32(reg32First), 0
+	for {
+		if i >= len(t) {
+			return nil, 0, false
+		}
+		if c, ok := strings.CutPrefix(t[i], "0x"); ok && i > 0 {
+			v, err := strconv.ParseUint(c, 16, 32)
+			if err != nil {
+				return nil, 0, false
+			}
+			loads = append(loads, &expr.Immediate{Register: reg, Data: native32(uint32(v))})
+			reg++
+			i++
+		} else {
+			if i+1 >= len(t) {
+				return nil, 0, false
+			}
+			load, size, ok := n.selector(t[i]+" "+t[i+1], reg)
+			if !ok {
+				return nil, 0, false
+			}
+			loads = append(loads, load)
+			reg += (size + 3) / 4
+			i += 2
+		}
+		if i >= len(t) || t[i] != "." {
+			return loads, i, true
+		}
+		i++
+	}
 }
 
 // selector returns the load of `ip daddr`, `meta l4proto`, ... into reg
@@ -170,23 +222,9 @@ func (n *netlinkReader) selector(sel string, reg uint32) (expr.Any, uint32, bool
 // selectorStmt handles `SEL [. SEL]...` followed by `@set`, `vmap @map`,
 // or (one selector) `[!=] value`.
 func (n *netlinkReader) selectorStmt(t []string) ([]expr.Any, int, error) {
-	var loads []expr.Any
-	reg, i := uint32(reg32First), 0
-	for {
-		if i+1 >= len(t) {
-			return nil, 0, errNoNetlink
-		}
-		load, size, ok := n.selector(t[i]+" "+t[i+1], reg)
-		if !ok {
-			return nil, 0, errNoNetlink
-		}
-		loads = append(loads, load)
-		reg += (size + 3) / 4
-		i += 2
-		if i >= len(t) || t[i] != "." {
-			break
-		}
-		i++
+	loads, i, ok := n.key(t)
+	if !ok {
+		return nil, 0, errNoNetlink
 	}
 	rest := t[i:]
 	switch {

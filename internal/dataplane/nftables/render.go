@@ -11,8 +11,8 @@ import (
 	"github.com/kproxy/kproxy/internal/model"
 )
 
-// Names of the fixed chains, sets and maps. Service-port chains and affinity
-// sets get content-addressed names with a slash (see contentName).
+// Names of the fixed chains, sets and maps. Service-port chains get
+// content-addressed names with a slash (see contentName).
 const (
 	chainFilterPreroutingPreDNAT = "filter-prerouting-pre-dnat"
 	chainFilterOutputPreDNAT     = "filter-output-pre-dnat"
@@ -40,6 +40,7 @@ const (
 	setServiceCIDRs       = "service-cidrs"
 	setHairpin            = "hairpin-connections"
 	mapEndpoints          = "endpoints"
+	setAffinity           = "affinity"
 )
 
 // baseChains are the hooked chains; Drifted checks that they all exist.
@@ -246,6 +247,16 @@ func (r *renderer) configElems() []element {
 // it is flushed and refilled by every full sync, never diffed.
 func isConfigSet(name string) bool { return name == setNodePortIPs || name == setServiceCIDRs }
 
+// affinitySetSize bounds the affinity set: a client flood cannot grow it
+// past ~1M (client, endpoint) pairs; at the bound new clients simply get no
+// affinity until entries time out. (The nft CLI's default, 65535, is what
+// each of upstream's per-endpoint sets gets.)
+const affinitySetSize = 1 << 20
+
+// isDynamicSet names the sets the packet path fills (ClientIP affinity):
+// kproxy creates them but never reads, diffs or flushes their elements.
+func isDynamicSet(name string) bool { return name == setAffinity }
+
 func (r *renderer) fixedSets() []*set {
 	return append(r.baseSets(), r.endpointSets()...)
 }
@@ -283,6 +294,14 @@ func (r *renderer) baseSets() []*set {
 		{Name: mapNoEndpointServices, IsMap: true, Type: dst, Comment: "drop or reject traffic to service IPs without endpoints"},
 		{Name: mapNoEndpointNodePort, IsMap: true, Type: "inet_proto . inet_service : verdict", Comment: "drop or reject traffic to NodePorts without endpoints"},
 		{Name: mapFirewallIPs, IsMap: true, Type: dst, Comment: "load-balancer IPs subject to loadBalancerSourceRanges"},
+		// One set for every Service with ClientIP affinity, keyed by the
+		// client and a (service port, endpoint) id, with each element's
+		// timeout set by the rule that adds it. Per-endpoint sets, as
+		// upstream has, cost the kernel a linear search by name for each
+		// set, rule and element op: quadratic at scale (10k sets: ~15 s
+		// of kernel time for a cold load).
+		{Name: setAffinity, Type: r.addrType + " . mark", Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag},
+			Size: affinitySetSize, Comment: "ClientIP affinity: client . service-port endpoint id"},
 	}
 }
 

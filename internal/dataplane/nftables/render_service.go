@@ -3,12 +3,10 @@ package nftables
 import (
 	"fmt"
 	"hash/crc32"
+	"hash/fnv"
 	"net/netip"
 	"strconv"
 	"strings"
-	"time"
-
-	"sigs.k8s.io/knftables"
 
 	"github.com/kproxy/kproxy/internal/model"
 )
@@ -19,7 +17,8 @@ type portCtx struct {
 	ps    *portState
 	proto string // tcp, udp, sctp
 	human string // ns/name/proto/port, the readable part of names
-	// affinity maps an endpoint to its affinity set (ClientIP affinity only).
+	// affinity maps an endpoint to its key in the affinity set (ClientIP
+	// affinity only).
 	affinity map[netip.AddrPort]string
 	// cluster and local are the policy chains; "" when not used.
 	cluster, local string
@@ -34,7 +33,7 @@ func (r *renderer) port(sp *model.ServicePort) *portState {
 		sp: sp, ps: &portState{}, proto: proto,
 		human: sp.ID.Namespace + "/" + sp.ID.Name + "/" + proto + "/" + sp.ID.Port,
 	}
-	r.affinitySets(c)
+	r.affinityKeys(c)
 	r.policyChains(c)
 	r.hairpin(c)
 	r.externalChain(c)
@@ -45,22 +44,20 @@ func (r *renderer) port(sp *model.ServicePort) *portState {
 	return c.ps
 }
 
-// affinitySets creates one dynamic set per reachable endpoint recording the
-// clients that last used it, for ClientIP session affinity. Only Services
-// with affinity pay for sets.
-func (r *renderer) affinitySets(c *portCtx) {
+// affinityKeys gives each reachable endpoint of a Service with ClientIP
+// affinity its key in the shared affinity set: the client address and an id
+// of (service port, endpoint). Two pairs sharing an id (a 32-bit hash) could
+// only send a client to a valid endpoint of the right Service: each key is
+// looked up in that endpoint's own rule.
+func (r *renderer) affinityKeys(c *portCtx) {
 	if c.sp.AffinityTimeout <= 0 {
 		return
 	}
 	c.affinity = map[netip.AddrPort]string{}
-	timeout := time.Duration(c.sp.AffinityTimeout) * time.Second
 	for _, ep := range c.sp.AllReachable {
-		name := contentName("aff", c.human+"/"+epName(ep), strconv.Itoa(int(c.sp.AffinityTimeout)))
-		c.affinity[ep.AddrPort()] = name
-		c.ps.Sets = append(c.ps.Sets, &set{
-			Name: name, Type: r.addrType, Timeout: timeout,
-			Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag},
-		})
+		h := fnv.New32a()
+		h.Write([]byte(c.human + "/" + epName(ep)))
+		c.affinity[ep.AddrPort()] = fmt.Sprintf("%s saddr . 0x%08x", r.ipX, h.Sum32())
 	}
 }
 
@@ -91,8 +88,7 @@ func (r *renderer) endpointChain(c *portCtx, prefix string, eps []*model.Endpoin
 	}
 	var rules []string
 	for _, ep := range eps {
-		aff := c.affinity[ep.AddrPort()]
-		rules = append(rules, fmt.Sprintf("%s saddr @%s %s", r.ipX, aff, r.dnat(c, ep)))
+		rules = append(rules, fmt.Sprintf("%s @%s %s", c.affinity[ep.AddrPort()], setAffinity, r.dnat(c, ep)))
 	}
 	m := len(eps)
 	for i, ep := range eps {
@@ -135,8 +131,8 @@ func (r *renderer) mappedChain(c *portCtx, prefix string, eps []*model.Endpoint)
 // affinity when the Service has it).
 func (r *renderer) dnat(c *portCtx, ep *model.Endpoint) string {
 	s := "meta l4proto " + c.proto + " "
-	if aff, ok := c.affinity[ep.AddrPort()]; ok {
-		s += fmt.Sprintf("update @%s { %s saddr } ", aff, r.ipX)
+	if key, ok := c.affinity[ep.AddrPort()]; ok {
+		s += fmt.Sprintf("update @%s { %s timeout %ds } ", setAffinity, key, c.sp.AffinityTimeout)
 	}
 	return s + "dnat to " + ep.AddrPort().String()
 }

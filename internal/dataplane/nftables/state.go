@@ -58,6 +58,8 @@ type set struct {
 	TypeOf  string // used instead of Type when set
 	Flags   []knftables.SetFlag
 	Timeout time.Duration
+	// Size bounds the elements of a dynamic set (0: no bound).
+	Size    uint64
 	Comment string
 }
 
@@ -101,10 +103,14 @@ func (s *set) object() knftables.Object {
 	if s.Comment != "" {
 		comment = knftables.PtrTo(s.Comment)
 	}
-	if s.IsMap {
-		return &knftables.Map{Name: s.Name, Type: s.Type, TypeOf: s.TypeOf, Flags: s.Flags, Timeout: timeout, Comment: comment}
+	var size *uint64
+	if s.Size > 0 {
+		size = knftables.PtrTo(s.Size)
 	}
-	return &knftables.Set{Name: s.Name, Type: s.Type, TypeOf: s.TypeOf, Flags: s.Flags, Timeout: timeout, Comment: comment}
+	if s.IsMap {
+		return &knftables.Map{Name: s.Name, Type: s.Type, TypeOf: s.TypeOf, Flags: s.Flags, Timeout: timeout, Size: size, Comment: comment}
+	}
+	return &knftables.Set{Name: s.Name, Type: s.Type, TypeOf: s.TypeOf, Flags: s.Flags, Timeout: timeout, Size: size, Comment: comment}
 }
 
 // fields returns the wire types of the key and data of a set or map.

@@ -355,8 +355,12 @@ func (tr *tracer) exprStep(st *pktState, toks []string, depth int) (bool, string
 	return contains(toks[0], k), "", toks[1:]
 }
 
-// selector returns the value of one packet field and how many tokens it took.
+// selector returns the value of one packet field (or a constant of a
+// concatenation) and how many tokens it took.
 func (tr *tracer) selector(st *pktState, toks []string) (string, int) {
+	if strings.HasPrefix(toks[0], "0x") {
+		return toks[0], 1
+	}
 	switch toks[0] + " " + toks[1] {
 	case "ip saddr", "ip6 saddr":
 		return st.src.String(), 2
@@ -373,8 +377,8 @@ func (tr *tracer) selector(st *pktState, toks []string) (string, int) {
 
 // lookup finds k in a set, also as an address inside a CIDR element.
 func (tr *tracer) lookup(set, k string) (string, bool) {
-	if strings.HasPrefix(set, "aff-") {
-		return "", false // affinity sets start empty
+	if set == setAffinity {
+		return "", false // the affinity set starts empty
 	}
 	elems := tr.sets[set]
 	if v, ok := elems[k]; ok {
