@@ -211,11 +211,13 @@ func kubeconfigFor(t *testing.T, cp *controlplane.ControlPlane) string {
 }
 
 // captureProfile saves /debug/pprof/<what> of the proxy (started with
-// --profiling) to path, retrying while the metrics server comes up.
+// --profiling) to path, retrying while the metrics server comes up or
+// another CPU profile runs.
 func (r *runBed) captureProfile(t *testing.T, path, what string) {
 	client := r.node.HTTPClient(60 * time.Second)
 	url := metricsURL[:len(metricsURL)-len("metrics")] + "debug/pprof/" + what
-	for range 50 {
+	// 40 s: also waits for an earlier profile to end (one at a time).
+	for range 400 {
 		resp, err := client.Get(url)
 		if err == nil && resp.StatusCode == 200 {
 			b, rerr := io.ReadAll(resp.Body)

@@ -184,6 +184,9 @@ func (s *suite) run(t *testing.T, c config, f *figures) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if s.p.profile != "" {
+		go rb.captureProfile(t, s.profilePath(c, "storm.cpu"), "profile?seconds=20")
+	}
 	rb.measureChanges(ctx, s.p, w, f, smp)
 	t.Logf("bench: %s: %v changes, p50 %.1f ms, p99 %.1f ms", c, f.values["changes"], f.values["change_p50_ms"], f.values["change_p99_ms"])
 	rb.measureIdle(s.p, f, smp)
