@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"k8s.io/component-base/metrics/prometheus/slis"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -64,6 +65,9 @@ func (s *Server) Handler() http.Handler {
 	if s.cfg.Gatherer != nil {
 		mux.Handle("/metrics", k8smetrics.HandlerFor(s.cfg.Gatherer, k8smetrics.HandlerOpts{}))
 	}
+	// The component SLI endpoint upstream serves (healthcheck SLIs; with no
+	// registered checks it answers an empty exposition, as upstream's does).
+	slis.SLIMetricsWithReset{}.Install(mux)
 	mux.HandleFunc("/configz", s.serveConfigz)
 	if s.cfg.Profiling {
 		installProfiling(mux)

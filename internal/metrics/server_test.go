@@ -48,6 +48,7 @@ func TestServerRoutes(t *testing.T) {
 		{"pprof redirect", ServerConfig{Profiling: true}, "/debug/pprof", 302, "", true, ""},
 		{"pprof symbol", ServerConfig{Profiling: true}, "/debug/pprof/symbol", 200, "num_symbols", true, ""},
 		{"metrics without gatherer", ServerConfig{}, "/metrics", 404, "", true, ""},
+		{"component SLIs", ServerConfig{}, "/metrics/slis", 200, "", true, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
