@@ -53,8 +53,10 @@ type famState struct {
 
 	// want is the refcounted union of the ports' elements, per set.
 	want map[string]map[string]*elemRef
-	// kChains, kSets, kElems mirror the kernel's port chains, port sets and
-	// shared-set elements (key -> value).
+	// kChains, kSets mirror the kernel's port chains and port sets. kElems
+	// holds the shared-set elements read from the kernel (key -> value),
+	// only until the next successful commit: from then on the kernel holds
+	// exactly want, so keeping a second copy of 100k+ elements is waste.
 	kChains map[string]bool
 	kSets   map[string]bool
 	kElems  map[string]map[string]string
@@ -170,6 +172,7 @@ func (st *famState) fullOps(d *desired, t *txn) {
 	}
 	configElemOps(d.Elems, t)
 	wantChains, wantSets := map[string]bool{}, map[string]bool{}
+	prevWant := st.want
 	st.want = map[string]map[string]*elemRef{}
 	for _, id := range sortedIDs(d.Ports) {
 		ps := d.Ports[id]
@@ -195,7 +198,7 @@ func (st *famState) fullOps(d *desired, t *txn) {
 	}
 	t.adds = slices.Grow(t.adds, n) // 130k at 10k Services: avoid regrowing
 	for _, s := range sharedSets {
-		st.diffElems(s.Name, nil, t)
+		st.diffFull(s.Name, prevWant[s.Name], t)
 	}
 }
 
@@ -299,39 +302,72 @@ func (st *famState) dropWant(elems []element) {
 	}
 }
 
-// diffElems emits the element changes of one shared set: for the given keys
-// only, or for every key when keys is nil.
-func (st *famState) diffElems(name string, keys map[string]bool, t *txn) {
-	want, have := st.want[name], st.kElems[name]
-	isMap := isMapName(name)
-	check := func(k string) {
-		w, h := want[k], have[k]
-		_, present := have[k]
-		switch {
-		case w == nil && present:
-			t.dels = append(t.dels, elemOp(opDelete, &element{Set: name, Key: strings.Split(k, " . ")}, isMap))
-		case w != nil && !present:
-			t.adds = append(t.adds, elemOp(opAdd, w.e, isMap))
-		case w != nil && h != w.e.value():
-			t.dels = append(t.dels, elemOp(opDelete, &element{Set: name, Key: w.e.Key}, isMap))
-			t.adds = append(t.adds, elemOp(opAdd, w.e, isMap))
-		}
+// prior is a shared-set element's value in the kernel before this sync.
+type prior struct {
+	value   string
+	present bool
+}
+
+// priorOf returns k's element in a kernel read (kernel non-nil) or else in
+// the want of the last successful commit, which the kernel then holds.
+func priorOf(kernel map[string]string, wanted map[string]*elemRef, k string) prior {
+	if kernel != nil {
+		v, ok := kernel[k]
+		return prior{v, ok}
 	}
-	if keys != nil {
-		for _, k := range slices.Sorted(maps.Keys(keys)) {
-			check(k)
-		}
-		return
+	if r := wanted[k]; r != nil {
+		return prior{r.e.value(), true}
 	}
-	// Every key: the wanted ones, then those only the kernel has (no
-	// union map: a full sync at 10k Services has 130k keys).
+	return prior{}
+}
+
+// diffFull emits the element changes of one shared set from what the
+// kernel holds (a fresh read, or else the previous want) to st.want.
+func (st *famState) diffFull(name string, prevWant map[string]*elemRef, t *txn) {
+	kernel := st.kElems[name]
+	if st.kElems != nil && kernel == nil {
+		kernel = map[string]string{} // read, and empty
+	}
+	want := st.want[name]
+	// The wanted keys, then those only the kernel has (no union map: a
+	// full sync at 10k Services has 130k keys).
 	for _, k := range slices.Sorted(maps.Keys(want)) {
-		check(k)
+		st.diffElem(name, k, priorOf(kernel, prevWant, k), t)
 	}
-	for _, k := range slices.Sorted(maps.Keys(have)) {
+	var gone []string
+	if kernel != nil {
+		gone = slices.Collect(maps.Keys(kernel))
+	} else {
+		gone = slices.Collect(maps.Keys(prevWant))
+	}
+	slices.Sort(gone)
+	for _, k := range gone {
 		if want[k] == nil {
-			check(k)
+			st.diffElem(name, k, priorOf(kernel, prevWant, k), t)
 		}
+	}
+}
+
+// diffElems emits the element changes of one shared set for the given
+// keys, each with what the kernel held before.
+func (st *famState) diffElems(name string, keys map[string]prior, t *txn) {
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
+		st.diffElem(name, k, keys[k], t)
+	}
+}
+
+// diffElem emits what turns the kernel's element k (h) into the wanted one.
+func (st *famState) diffElem(name, k string, h prior, t *txn) {
+	w := st.want[name][k]
+	isMap := isMapName(name)
+	switch {
+	case w == nil && h.present:
+		t.dels = append(t.dels, elemOp(opDelete, &element{Set: name, Key: strings.Split(k, " . ")}, isMap))
+	case w != nil && !h.present:
+		t.adds = append(t.adds, elemOp(opAdd, w.e, isMap))
+	case w != nil && h.value != w.e.value():
+		t.dels = append(t.dels, elemOp(opDelete, &element{Set: name, Key: w.e.Key}, isMap))
+		t.adds = append(t.adds, elemOp(opAdd, w.e, isMap))
 	}
 }
 
@@ -364,25 +400,14 @@ func (st *famState) commit(t *txn) {
 			}
 		}
 	}
-	for _, o := range t.dels {
-		delete(st.kElems[o.elem.Set], o.elem.key())
-	}
-	for _, o := range t.adds {
-		name := o.elem.Set
-		if isConfigSet(name) {
-			continue
-		}
-		if st.kElems[name] == nil {
-			st.kElems[name] = make(map[string]string, len(st.want[name]))
-		}
-		st.kElems[name][o.elem.key()] = o.elem.value()
-	}
+	// The kernel now holds exactly want in every shared set.
+	st.kElems = nil
 }
 
 // prepareIncremental re-renders only the changed ports and diffs each
 // against what it rendered before.
 func (st *famState) prepareIncremental(fs *model.FamilySnapshot, req dataplane.SyncRequest, t *txn) {
-	touched := map[string]map[string]bool{}
+	touched := map[string]map[string]prior{}
 	for _, id := range st.changedPorts(fs, req) {
 		old := st.cur.Ports[id]
 		var next *portState
@@ -458,7 +483,7 @@ func (st *famState) portsOf(fs *model.FamilySnapshot, svcs map[objects.Key]struc
 
 // diffPort emits what changes from one rendering of a port to the next
 // (either may be nil) and notes the shared-set keys it touches.
-func (st *famState) diffPort(old, next *portState, t *txn, touched map[string]map[string]bool) {
+func (st *famState) diffPort(old, next *portState, t *txn, touched map[string]map[string]prior) {
 	keep := map[string]bool{}
 	if next != nil {
 		for _, s := range next.Sets {
@@ -476,9 +501,15 @@ func (st *famState) diffPort(old, next *portState, t *txn, touched map[string]ma
 		}
 		for _, e := range ps.Elems {
 			if touched[e.Set] == nil {
-				touched[e.Set] = map[string]bool{}
+				touched[e.Set] = map[string]prior{}
 			}
-			touched[e.Set][e.key()] = true
+			// The first touch records what the kernel holds: the
+			// last commit's want (incremental syncs follow a
+			// successful one), before this sync changes want.
+			k := e.key()
+			if _, seen := touched[e.Set][k]; !seen {
+				touched[e.Set][k] = priorOf(nil, st.want[e.Set], k)
+			}
 		}
 	}
 	if old == nil {
