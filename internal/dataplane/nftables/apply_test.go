@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/dataplane/dptest"
 	"github.com/kproxy/kproxy/internal/model"
 	"github.com/kproxy/kproxy/internal/objects"
 )
@@ -87,7 +88,7 @@ type applyEnv struct {
 }
 
 func newApplyEnv(t *testing.T) *applyEnv {
-	e := &applyEnv{t: t, cfg: testConfig(), k: newFakeKernel(), clock: clocktesting.NewFakeClock(time.Unix(1000, 0))}
+	e := &applyEnv{t: t, cfg: dptest.Config(), k: newFakeKernel(), clock: clocktesting.NewFakeClock(time.Unix(1000, 0))}
 	e.cfg.Families = []model.Family{model.IPv4, model.IPv6}
 	e.restart()
 	return e
@@ -148,7 +149,7 @@ func TestApplyIncrementalSendsOnlyChanges(t *testing.T) {
 			}
 		}
 	}
-	cl := svc("ns", "cluster", "198.19.0.10", 80, withEPs(ep("198.18.65.10", 8080, false), ep("198.18.65.11", 8080, false), ep("198.18.65.12", 8080, false)))
+	cl := dptest.Svc("ns", "cluster", "198.19.0.10", 80, dptest.WithEPs(dptest.EP("198.18.65.10", 8080, false), dptest.EP("198.18.65.11", 8080, false), dptest.EP("198.18.65.12", 8080, false)))
 	for i, sp := range next.V4.Ports {
 		if sp.ID == cl.ID {
 			next.V4.Ports[i], next.V4.ByID[cl.ID] = cl, cl
@@ -174,7 +175,7 @@ func TestApplyIncrementalSendsOnlyChanges(t *testing.T) {
 	e.checkKernel(next)
 
 	// A different endpoint count needs a new chain (new modulus).
-	two := svc("ns", "cluster", "198.19.0.10", 80, withEPs(ep("198.18.65.10", 8080, false), ep("198.18.65.11", 8080, false)))
+	two := dptest.Svc("ns", "cluster", "198.19.0.10", 80, dptest.WithEPs(dptest.EP("198.18.65.10", 8080, false), dptest.EP("198.18.65.11", 8080, false)))
 	for i, sp := range next.V4.Ports {
 		if sp.ID == two.ID {
 			next.V4.Ports[i], next.V4.ByID[two.ID] = two, two
@@ -189,7 +190,7 @@ func TestApplyIncrementalSendsOnlyChanges(t *testing.T) {
 	e.checkKernel(next)
 
 	// A Service removed, then a no-op sync sends nothing.
-	gone := snapshot(next.V4.Ports[1:]...)
+	gone := dptest.Snapshot(next.V4.Ports[1:]...)
 	gone.V6 = next.V6
 	e.sync(gone, dataplane.SyncRequest{})
 	e.clock.Step(2 * time.Second)
@@ -219,7 +220,7 @@ func TestApplyRestartRemovesLeftovers(t *testing.T) {
 	e := newApplyEnv(t)
 	e.sync(featureSnapshot(), dataplane.SyncRequest{Full: true})
 	e.restart()
-	small := snapshot(svc("ns", "one", "198.19.0.30", 80, withEPs(ep("198.18.65.10", 8080, false))))
+	small := dptest.Snapshot(dptest.Svc("ns", "one", "198.19.0.30", 80, dptest.WithEPs(dptest.EP("198.18.65.10", 8080, false))))
 	e.sync(small, dataplane.SyncRequest{Full: true})
 	e.clock.Step(2 * time.Second)
 	e.sync(small, dataplane.SyncRequest{})
@@ -288,13 +289,13 @@ func (failErr) Error() string { return "injected failure" }
 func TestApplyFailureForcesFullResync(t *testing.T) {
 	fake := knftables.NewFake(knftables.IPv4Family, DefaultTableName)
 	f := &failingNFT{Interface: fake}
-	p, _ := New(testConfig(), WithNFT(func(knftables.Family, string) (knftables.Interface, error) { return f, nil }))
+	p, _ := New(dptest.Config(), WithNFT(func(knftables.Family, string) (knftables.Interface, error) { return f, nil }))
 	snap := featureSnapshot()
 	if err := p.Sync(context.Background(), snap, dataplane.SyncRequest{Full: true}); err != nil {
 		t.Fatal(err)
 	}
 	f.fail = true
-	next := snapshot(svc("ns", "one", "198.19.0.30", 80, withEPs(ep("198.18.65.10", 8080, false))))
+	next := dptest.Snapshot(dptest.Svc("ns", "one", "198.19.0.30", 80, dptest.WithEPs(dptest.EP("198.18.65.10", 8080, false))))
 	if err := p.Sync(context.Background(), next, dataplane.SyncRequest{}); err == nil {
 		t.Fatal("Sync succeeded despite the failing kernel")
 	}

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/dataplane/dptest"
 	"github.com/kproxy/kproxy/internal/model"
 	"github.com/kproxy/kproxy/internal/objects"
 )
@@ -30,18 +31,18 @@ func scaleSnapshot(n, eps int) *model.Snapshot {
 		var list []*model.Endpoint
 		for j := range eps {
 			k := i*eps + j
-			list = append(list, ep(fmt.Sprintf("198.18.%d.%d", 64+(k>>8)%64, k&255), 8080, false))
+			list = append(list, dptest.EP(fmt.Sprintf("198.18.%d.%d", 64+(k>>8)%64, k&255), 8080, false))
 		}
-		opts := []func(*model.ServicePort){withEPs(list...)}
+		opts := []func(*model.ServicePort){dptest.WithEPs(list...)}
 		if i%10 == 0 {
-			opts = append(opts, withNodePort(uint16(30000+i/10)))
+			opts = append(opts, dptest.WithNodePort(uint16(30000+i/10)))
 		}
 		if i%10 == 1 && os.Getenv("KPROXY_SCALE_AFFINITY") != "" {
-			opts = append(opts, withAffinity(10800))
+			opts = append(opts, dptest.WithAffinity(10800))
 		}
-		ports = append(ports, svc("ns", fmt.Sprintf("svc-%05d", i), fmt.Sprintf("198.19.%d.%d", i>>8, i&255), 80, opts...))
+		ports = append(ports, dptest.Svc("ns", fmt.Sprintf("svc-%05d", i), fmt.Sprintf("198.19.%d.%d", i>>8, i&255), 80, opts...))
 	}
-	return snapshot(ports...)
+	return dptest.Snapshot(ports...)
 }
 
 // withChangedEndpoint returns snap with Service i's endpoints replaced by a
@@ -55,8 +56,8 @@ func withChangedEndpoint(snap *model.Snapshot, i, version int) *model.Snapshot {
 	}
 	old := fs.Ports[i]
 	next := *old
-	next.Endpoints = append(slices.Clone(old.Endpoints[1:]), ep(fmt.Sprintf("198.18.127.%d", version%250+1), 8080, false))
-	categorize(&next)
+	next.Endpoints = append(slices.Clone(old.Endpoints[1:]), dptest.EP(fmt.Sprintf("198.18.127.%d", version%250+1), 8080, false))
+	dptest.Categorize(&next)
 	fs.Ports[i], fs.ByID[next.ID] = &next, &next
 	out := *snap
 	out.V4 = &fs
@@ -70,7 +71,7 @@ func changed(snap *model.Snapshot, i int) dataplane.SyncRequest {
 
 func BenchmarkRender10k(b *testing.B) {
 	snap := scaleSnapshot(10000, 10)
-	cfg := testConfig()
+	cfg := dptest.Config()
 	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {
@@ -89,7 +90,7 @@ func (discardNFT) Run(context.Context, *knftables.Transaction) error { return ni
 func BenchmarkIncrementalSync10k(b *testing.B) {
 	snap := scaleSnapshot(10000, 10)
 	fake := discardNFT{knftables.NewFake(knftables.IPv4Family, DefaultTableName)}
-	p, _ := New(testConfig(), WithNFT(func(knftables.Family, string) (knftables.Interface, error) { return fake, nil }))
+	p, _ := New(dptest.Config(), WithNFT(func(knftables.Family, string) (knftables.Interface, error) { return fake, nil }))
 	ctx := context.Background()
 	if err := p.Sync(ctx, snap, dataplane.SyncRequest{Full: true}); err != nil {
 		b.Fatal(err)
@@ -193,7 +194,7 @@ func scaleRun(t *testing.T, n int) {
 	// A new endpoint count: a new chain, so the kernel re-validates the table.
 	more := withChangedEndpoint(snap, 1, 999)
 	more.V4.Ports[1].Endpoints = more.V4.Ports[1].Endpoints[:5]
-	categorize(more.V4.Ports[1])
+	dptest.Categorize(more.V4.Ports[1])
 	s0 := time.Now()
 	tn.sync(p, more, changed(more, 1))
 	t.Logf("%d Services: endpoint count change (new chain) %v", n, time.Since(s0))

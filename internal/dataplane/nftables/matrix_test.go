@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kproxy/kproxy/internal/dataplane/dptest"
 	"github.com/kproxy/kproxy/internal/model"
 )
 
@@ -54,27 +55,27 @@ const (
 func matrixEndpoints(k epKind) []*model.Endpoint {
 	switch k {
 	case epsBoth:
-		return []*model.Endpoint{ep("198.18.64.10", 8080, true), ep("198.18.65.10", 8080, false)}
+		return []*model.Endpoint{dptest.EP("198.18.64.10", 8080, true), dptest.EP("198.18.65.10", 8080, false)}
 	case epsTerminating:
-		return []*model.Endpoint{terminating(ep("198.18.64.10", 8080, true)), terminating(ep("198.18.65.10", 8080, false))}
+		return []*model.Endpoint{dptest.Terminating(dptest.EP("198.18.64.10", 8080, true)), dptest.Terminating(dptest.EP("198.18.65.10", 8080, false))}
 	case epsRemoteOnly:
-		return []*model.Endpoint{ep("198.18.65.10", 8080, false)}
+		return []*model.Endpoint{dptest.EP("198.18.65.10", 8080, false)}
 	}
 	return nil
 }
 
 func matrixService(policy string, k epKind) *model.ServicePort {
 	opts := []func(*model.ServicePort){
-		withNodePort(30080), withLB("198.19.100.1"), withExternalIPs("198.19.100.2"),
-		withSourceRanges("198.18.200.0/24"), withEPs(matrixEndpoints(k)...),
+		dptest.WithNodePort(30080), dptest.WithLB("198.19.100.1"), dptest.WithExternalIPs("198.19.100.2"),
+		dptest.WithSourceRanges("198.18.200.0/24"), dptest.WithEPs(matrixEndpoints(k)...),
 	}
 	switch policy {
 	case "ETP=Local":
-		opts = append(opts, withETPLocal)
+		opts = append(opts, dptest.WithETPLocal)
 	case "ITP=Local":
-		opts = append(opts, withITPLocal)
+		opts = append(opts, dptest.WithITPLocal)
 	}
-	return svc("ns", "m", "198.19.0.1", 80, opts...)
+	return dptest.Svc("ns", "m", "198.19.0.1", 80, opts...)
 }
 
 func (fe frontend) packet(s source) tracePacket {
@@ -83,7 +84,7 @@ func (fe frontend) packet(s source) tracePacket {
 	case feClusterIP:
 		p.dst = netip.MustParseAddr("198.19.0.1")
 	case feNodePort:
-		p.dst, p.dport = nodeIP, 30080
+		p.dst, p.dport = dptest.NodeIP, 30080
 	case feLB:
 		p.dst = netip.MustParseAddr("198.19.100.1")
 	case feExternalIP:
@@ -94,7 +95,7 @@ func (fe frontend) packet(s source) tracePacket {
 
 // oracle is upstream's behaviour for the matrix, written out plainly.
 func oracle(s source, fe frontend, policy string, k epKind) traceResult {
-	fromPod := clusterNet.Contains(netip.MustParseAddr(s.ip))
+	fromPod := dptest.ClusterNet.Contains(netip.MustParseAddr(s.ip))
 	if fe == feLB && !netip.MustParsePrefix("198.18.200.0/24").Contains(netip.MustParseAddr(s.ip)) {
 		return traceResult{verdict: "drop"} // loadBalancerSourceRanges
 	}
@@ -133,7 +134,7 @@ func oracle(s source, fe frontend, policy string, k epKind) traceResult {
 func TestTraceMatrix(t *testing.T) {
 	for _, policy := range []string{"Cluster", "ETP=Local", "ITP=Local"} {
 		for _, k := range []epKind{epsBoth, epsNone, epsTerminating, epsRemoteOnly} {
-			tr := traceOf(t, testConfig(), snapshot(matrixService(policy, k)), model.IPv4)
+			tr := traceOf(t, dptest.Config(), dptest.Snapshot(matrixService(policy, k)), model.IPv4)
 			for _, s := range sources {
 				for _, fe := range []frontend{feClusterIP, feNodePort, feLB, feExternalIP} {
 					name := fmt.Sprintf("%s/%s/%s/%s", policy, k, s.name, fe)

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/dataplane/dptest"
 	"github.com/kproxy/kproxy/internal/model"
 	"github.com/kproxy/kproxy/internal/objects"
 )
@@ -163,7 +164,7 @@ func TestPrivilegedClusterIPTraffic(t *testing.T) {
 	n.serve("198.18.64.10:8080", "pod-8080")
 	n.serve("198.18.64.10:8081", "pod-8081")
 	svcOn := func(port uint16) *model.Snapshot {
-		return snapshot(svc("ns", "web", "198.19.0.10", 80, withEPs(ep("198.18.64.10", port, true))))
+		return dptest.Snapshot(dptest.Svc("ns", "web", "198.19.0.10", 80, dptest.WithEPs(dptest.EP("198.18.64.10", port, true))))
 	}
 	expect := func(step, want string) {
 		t.Helper()
@@ -227,7 +228,7 @@ func TestPrivilegedClusterIPTraffic(t *testing.T) {
 	}
 
 	// Without endpoints the ClusterIP rejects at once.
-	n.sync(p2, snapshot(svc("ns", "web", "198.19.0.10", 80)), dataplane.SyncRequest{})
+	n.sync(p2, dptest.Snapshot(dptest.Svc("ns", "web", "198.19.0.10", 80)), dataplane.SyncRequest{})
 	start := time.Now()
 	_, err = n.get("198.19.0.10:80")
 	if !errors.Is(err, syscall.ECONNREFUSED) || time.Since(start) > time.Second {
@@ -253,7 +254,7 @@ func TestPrivilegedServiceCIDRs(t *testing.T) {
 	n := newTestNet(t)
 	n.serve("198.18.64.10:8080", "pod-8080")
 	run(t, "ip", "-n", n.pod, "addr", "add", "198.19.0.99/32", "dev", "eth0")
-	snap := snapshot(svc("ns", "web", "198.19.0.10", 80, withEPs(ep("198.18.64.10", 8080, true))))
+	snap := dptest.Snapshot(dptest.Svc("ns", "web", "198.19.0.10", 80, dptest.WithEPs(dptest.EP("198.18.64.10", 8080, true))))
 	p, _ := New(privConfig())
 	n.sync(p, snap, dataplane.SyncRequest{Full: true})
 	dial := func(addr string) error {
@@ -292,7 +293,7 @@ func TestPrivilegedServiceCIDRs(t *testing.T) {
 // rendered (so a restart sends no element changes).
 func TestPrivilegedFeatureTables(t *testing.T) {
 	n := newTestNet(t)
-	cfg := testConfig()
+	cfg := dptest.Config()
 	cfg.Families = []model.Family{model.IPv4, model.IPv6}
 	snap := featureSnapshot()
 	p, _ := New(cfg)
@@ -331,7 +332,7 @@ func TestPrivilegedFeatureTables(t *testing.T) {
 	if p2.gen.verified == 0 {
 		t.Fatal("Drifted on intact tables did not record the ruleset generation")
 	}
-	n.sync(p2, snapshot(snap.V4.Ports[1:]...), dataplane.SyncRequest{})
+	n.sync(p2, dptest.Snapshot(snap.V4.Ports[1:]...), dataplane.SyncRequest{})
 	if p2.gen.verified == 0 {
 		t.Error("kproxy's own sync made the tables unverified")
 	}
@@ -372,16 +373,16 @@ func TestPrivilegedBatchError(t *testing.T) {
 // feeding the rendered text to `nft -f`, and requires nft to list identical
 // tables: same sets, maps, elements, chains and rules.
 func TestPrivilegedNetlinkEqualsCLI(t *testing.T) {
-	bridge := testConfig()
+	bridge := dptest.Config()
 	bridge.LocalMode, bridge.BridgeInterface = dataplane.LocalBridgeInterface, "cbr0"
-	prefix := testConfig()
+	prefix := dptest.Config()
 	prefix.LocalMode, prefix.InterfacePrefix = dataplane.LocalInterfacePrefix, "veth"
 	prefix.NodePortAddresses = []string{"198.18.0.0/15", "primary", "fd00:1::/64"}
 	prefix.Families = []model.Family{model.IPv4, model.IPv6}
-	dual := testConfig()
+	dual := dptest.Config()
 	dual.Families = []model.Family{model.IPv4, model.IPv6}
 	dual.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("198.19.0.0/24"), netip.MustParsePrefix("fd00:19::/112")}
-	all := testConfig()
+	all := dptest.Config()
 	all.MasqueradeAll = true
 	all.NodePortAddresses = []string{"198.18.64.0/24"}
 	all.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("198.19.0.0/25"), netip.MustParsePrefix("198.19.0.0/16")}
@@ -396,11 +397,11 @@ func TestPrivilegedNetlinkEqualsCLI(t *testing.T) {
 					}
 				}
 			}
-			snap := snapshot(ports...)
+			snap := dptest.Snapshot(ports...)
 			snap.Node = full.Node
 			viaNetlink, viaCLI := newTestNet(t), newTestNet(t)
 			p1, _ := New(cfg)
-			viaNetlink.sync(p1, snapshot(ports[:2]...), dataplane.SyncRequest{Full: true})
+			viaNetlink.sync(p1, dptest.Snapshot(ports[:2]...), dataplane.SyncRequest{Full: true})
 			viaNetlink.sync(p1, snap, dataplane.SyncRequest{})
 			for _, f := range cfg.Families {
 				if n := p1.fams[f].kern.(*nlKernel).batches; n < 2 {
@@ -495,7 +496,7 @@ func listTable(t *testing.T, ns, fam string) string {
 func TestPrivilegedDriftMonitor(t *testing.T) {
 	n := newTestNet(t)
 	n.serve("198.18.64.10:8080", "pod-8080")
-	snap := snapshot(svc("ns", "web", "198.19.0.10", 80, withEPs(ep("198.18.64.10", 8080, true))))
+	snap := dptest.Snapshot(dptest.Svc("ns", "web", "198.19.0.10", 80, dptest.WithEPs(dptest.EP("198.18.64.10", 8080, true))))
 	p, _ := New(privConfig())
 	n.sync(p, snap, dataplane.SyncRequest{Full: true})
 	drifted := func() bool {
@@ -547,7 +548,7 @@ func TestPrivilegedDriftMonitor(t *testing.T) {
 	// Other tables' commits and kproxy's own incremental syncs are no drift.
 	nft("add", "table", "ip", "someone-else")
 	nft("add", "chain", "ip", "someone-else", "c")
-	n.sync(p, snapshot(svc("ns", "web", "198.19.0.10", 80)), dataplane.SyncRequest{})
+	n.sync(p, dptest.Snapshot(dptest.Svc("ns", "web", "198.19.0.10", 80)), dataplane.SyncRequest{})
 	n.sync(p, snap, dataplane.SyncRequest{})
 	start := time.Now()
 	if drifted() {

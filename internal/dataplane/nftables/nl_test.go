@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/dataplane/dptest"
 	"github.com/kproxy/kproxy/internal/model"
 )
 
@@ -34,10 +35,10 @@ func TestNetlinkTranslatesEverything(t *testing.T) {
 		},
 	}
 	for name, mod := range configs {
-		cfg := testConfig()
+		cfg := dptest.Config()
 		mod(&cfg)
 		snap := featureSnapshot()
-		snap.Node = testNode()
+		snap.Node = dptest.Node()
 		for _, f := range []model.Family{model.IPv4, model.IPv6} {
 			d := render(cfg, snap.Family(f), snap.Node)
 			st := &famState{fam: f, kChains: map[string]bool{}, kSets: map[string]bool{},

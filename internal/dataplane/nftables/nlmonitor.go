@@ -185,7 +185,8 @@ func touchedObject(msgType uint16, attrs []byte, table string) (string, bool) {
 		return name(unix.NFTA_SET_NAME), true
 	case unix.NFT_MSG_NEWSETELEM, unix.NFT_MSG_DELSETELEM:
 		set := name(unix.NFTA_SET_ELEM_LIST_SET)
-		return set, !strings.HasPrefix(set, "aff-")
+		// The affinity set, and the per-endpoint sets of older versions.
+		return set, !isDynamicSet(set) && !strings.HasPrefix(set, "aff-")
 	case unix.NFT_MSG_NEWGEN:
 		return "", false
 	}

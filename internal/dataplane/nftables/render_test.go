@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/dataplane/dptest"
 	"github.com/kproxy/kproxy/internal/model"
 )
 
@@ -17,37 +18,37 @@ var update = flag.Bool("update", false, "rewrite testdata/*.golden from the curr
 // featureSnapshot has one Service per feature; the packet tracer tests use
 // it as well.
 func featureSnapshot() *model.Snapshot {
-	remote := ep("198.18.65.10", 8080, false)
-	local := ep("198.18.64.10", 8080, true)
-	return snapshot(
-		svc("ns", "cluster", "198.19.0.10", 80, withEPs(ep("198.18.65.10", 8080, false), ep("198.18.64.10", 8080, true), ep("198.18.65.11", 8080, false))),
-		svc("ns", "udp", "198.19.0.11", 53, withProto(model.UDP), withEPs(ep("198.18.65.12", 5353, false))),
-		svc("ns", "sctp", "198.19.0.12", 9000, withProto(model.SCTP), withEPs(ep("198.18.65.13", 9000, false))),
-		svc("ns", "noeps", "198.19.0.13", 80, withNodePort(30013), withExternalIPs("198.19.100.13")),
-		svc("ns", "nodeport", "198.19.0.14", 80, withNodePort(30014), withEPs(remote, local)),
-		svc("ns", "lb", "198.19.0.15", 80, withNodePort(30015), withLB("198.19.100.15"), withSourceRanges("198.18.200.0/24"), withEPs(remote, local)),
-		svc("ns", "extip", "198.19.0.16", 80, withExternalIPs("198.19.100.16"), withEPs(remote)),
-		svc("ns", "etplocal", "198.19.0.17", 80, withNodePort(30017), withLB("198.19.100.17"), withETPLocal, withEPs(remote, local)),
-		svc("ns", "etplocal-none", "198.19.0.18", 80, withNodePort(30018), withLB("198.19.100.18"), withETPLocal, withEPs(remote)),
-		svc("ns", "itplocal", "198.19.0.19", 80, withITPLocal, withEPs(remote, local)),
-		svc("ns", "itplocal-none", "198.19.0.20", 80, withITPLocal, withEPs(remote)),
-		svc("ns", "affinity", "198.19.0.21", 80, withAffinity(10800), withEPs(remote, local)),
-		svc("ns", "terminating", "198.19.0.22", 80, withNodePort(30022), withEPs(terminating(ep("198.18.65.14", 8080, false)))),
-		svc("ns", "dual", "fd00:19::10", 80, withNodePort(30023), withEPs(ep("fd00:65::10", 8080, false), ep("fd00:64::10", 8080, true))),
+	remote := dptest.EP("198.18.65.10", 8080, false)
+	local := dptest.EP("198.18.64.10", 8080, true)
+	return dptest.Snapshot(
+		dptest.Svc("ns", "cluster", "198.19.0.10", 80, dptest.WithEPs(dptest.EP("198.18.65.10", 8080, false), dptest.EP("198.18.64.10", 8080, true), dptest.EP("198.18.65.11", 8080, false))),
+		dptest.Svc("ns", "udp", "198.19.0.11", 53, dptest.WithProto(model.UDP), dptest.WithEPs(dptest.EP("198.18.65.12", 5353, false))),
+		dptest.Svc("ns", "sctp", "198.19.0.12", 9000, dptest.WithProto(model.SCTP), dptest.WithEPs(dptest.EP("198.18.65.13", 9000, false))),
+		dptest.Svc("ns", "noeps", "198.19.0.13", 80, dptest.WithNodePort(30013), dptest.WithExternalIPs("198.19.100.13")),
+		dptest.Svc("ns", "nodeport", "198.19.0.14", 80, dptest.WithNodePort(30014), dptest.WithEPs(remote, local)),
+		dptest.Svc("ns", "lb", "198.19.0.15", 80, dptest.WithNodePort(30015), dptest.WithLB("198.19.100.15"), dptest.WithSourceRanges("198.18.200.0/24"), dptest.WithEPs(remote, local)),
+		dptest.Svc("ns", "extip", "198.19.0.16", 80, dptest.WithExternalIPs("198.19.100.16"), dptest.WithEPs(remote)),
+		dptest.Svc("ns", "etplocal", "198.19.0.17", 80, dptest.WithNodePort(30017), dptest.WithLB("198.19.100.17"), dptest.WithETPLocal, dptest.WithEPs(remote, local)),
+		dptest.Svc("ns", "etplocal-none", "198.19.0.18", 80, dptest.WithNodePort(30018), dptest.WithLB("198.19.100.18"), dptest.WithETPLocal, dptest.WithEPs(remote)),
+		dptest.Svc("ns", "itplocal", "198.19.0.19", 80, dptest.WithITPLocal, dptest.WithEPs(remote, local)),
+		dptest.Svc("ns", "itplocal-none", "198.19.0.20", 80, dptest.WithITPLocal, dptest.WithEPs(remote)),
+		dptest.Svc("ns", "affinity", "198.19.0.21", 80, dptest.WithAffinity(10800), dptest.WithEPs(remote, local)),
+		dptest.Svc("ns", "terminating", "198.19.0.22", 80, dptest.WithNodePort(30022), dptest.WithEPs(dptest.Terminating(dptest.EP("198.18.65.14", 8080, false)))),
+		dptest.Svc("ns", "dual", "fd00:19::10", 80, dptest.WithNodePort(30023), dptest.WithEPs(dptest.EP("fd00:65::10", 8080, false), dptest.EP("fd00:64::10", 8080, true))),
 	)
 }
 
 func TestRenderGolden(t *testing.T) {
-	dual := testConfig()
+	dual := dptest.Config()
 	dual.Families = []model.Family{model.IPv4, model.IPv6}
 	dual.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("198.19.0.0/24"), netip.MustParsePrefix("fd00:19::/112")}
-	masqAll := testConfig()
+	masqAll := dptest.Config()
 	masqAll.MasqueradeAll = true
 	masqAll.NodePortAddresses = []string{"primary", "198.18.1.0/24"}
 	// Overlapping ranges (ServiceCIDR objects may overlap) and another
 	// family's: one interval element remains.
 	masqAll.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("198.19.0.0/25"), netip.MustParsePrefix("198.19.0.1/16"), netip.MustParsePrefix("fd00:19::/112")}
-	bridge := testConfig()
+	bridge := dptest.Config()
 	bridge.LocalMode = dataplane.LocalBridgeInterface
 	bridge.BridgeInterface = "cbr0"
 	cases := []struct {
@@ -55,10 +56,10 @@ func TestRenderGolden(t *testing.T) {
 		cfg  dataplane.Config
 		snap *model.Snapshot
 	}{
-		{"empty", testConfig(), snapshot()},
+		{"empty", dptest.Config(), dptest.Snapshot()},
 		{"features", dual, featureSnapshot()},
-		{"masquerade-all-nodeport-addresses", masqAll, snapshot(svc("ns", "nodeport", "198.19.0.14", 80, withNodePort(30014), withEPs(ep("198.18.65.10", 8080, false))))},
-		{"bridge-interface", bridge, snapshot(svc("ns", "etplocal", "198.19.0.17", 80, withNodePort(30017), withETPLocal, withEPs(ep("198.18.64.10", 8080, true))))},
+		{"masquerade-all-nodeport-addresses", masqAll, dptest.Snapshot(dptest.Svc("ns", "nodeport", "198.19.0.14", 80, dptest.WithNodePort(30014), dptest.WithEPs(dptest.EP("198.18.65.10", 8080, false))))},
+		{"bridge-interface", bridge, dptest.Snapshot(dptest.Svc("ns", "etplocal", "198.19.0.17", 80, dptest.WithNodePort(30017), dptest.WithETPLocal, dptest.WithEPs(dptest.EP("198.18.64.10", 8080, true))))},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -97,7 +98,7 @@ func checkGolden(t *testing.T, path string, got []byte) {
 
 // TestRenderDeterministic renders the same snapshot twice.
 func TestRenderDeterministic(t *testing.T) {
-	p, _ := New(testConfig())
+	p, _ := New(dptest.Config())
 	var a, b bytes.Buffer
 	_ = p.Render(&a, featureSnapshot())
 	_ = p.Render(&b, featureSnapshot())

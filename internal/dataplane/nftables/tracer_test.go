@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/dataplane/dptest"
 	"github.com/kproxy/kproxy/internal/model"
 )
 
@@ -409,7 +410,7 @@ func tokenize(rule string) []string {
 // traceOf renders snap for cfg and returns a tracer for one family.
 func traceOf(t testing.TB, cfg dataplane.Config, snap *model.Snapshot, fam model.Family) *tracer {
 	d := render(cfg, snap.Family(fam), snap.Node)
-	local := []netip.Addr{nodeIP, nodeIP6}
+	local := []netip.Addr{dptest.NodeIP, dptest.NodeIP6}
 	return newTracer(t, d, local...)
 }
 
