@@ -123,11 +123,25 @@ func NewPlan(prev, next *model.FamilySnapshot, full bool) *Plan {
 var reachableTCP = &target{changed: true, unnatedOnly: true}
 
 // anyCleaned reports whether a partial plan from prev to next has a frontend
-// to clean: the loop of NewPlan without building anything (unchanged ports
-// are shared between snapshots, so most checks are a pointer comparison).
+// to clean: the loop of NewPlan without building anything. Both port lists
+// are sorted by ID and unchanged ports are shared between snapshots, so a
+// merge walk with pointer comparisons finds the changed ones without a
+// lookup per port (were the order ever different, a port would only look
+// new, which makes the plan be built: more work, never a missed flow).
 func anyCleaned(prev, next *model.FamilySnapshot) bool {
+	var before []*model.ServicePort
+	if prev != nil {
+		before = prev.Ports
+	}
+	j := 0
 	for _, port := range next.Ports {
-		old := prevPort(prev, port.ID)
+		for j < len(before) && before[j].ID.Less(port.ID) {
+			j++
+		}
+		var old *model.ServicePort
+		if j < len(before) && before[j].ID == port.ID {
+			old = before[j]
+		}
 		if old == port {
 			continue
 		}

@@ -99,6 +99,8 @@ func TestPlanPartial(t *testing.T) {
 	a5.Endpoints = []*model.Endpoint{ep("198.19.0.1:53", true), ep("198.19.0.3:53", true)}
 	noEP := *a1
 	noEP.Endpoints = nil
+	b2 := *b
+	b2.Endpoints = []*model.Endpoint{ep("198.19.0.4:53", true)}
 
 	tests := []struct {
 		name       string
@@ -118,6 +120,8 @@ func TestPlanPartial(t *testing.T) {
 		{"endpoints after none", fam(&noEP, b), fam(a1, b), false, false, true, false},
 		{"new service", fam(b), fam(a1, b), false, false, true, false},
 		{"service lost its endpoints: left alone", fam(a1, b), fam(&noEP, b), false, true, false, false},
+		{"one removed, the next changed", fam(a1, b), fam(&b2), false, false, false, true},
+		{"one removed, the next unchanged", fam(a1, b), fam(b), false, true, false, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
