@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/dataplane/dptest"
 	"github.com/kproxy/kproxy/internal/model"
 	"github.com/kproxy/kproxy/internal/objects"
 )
@@ -13,7 +14,7 @@ import (
 func newTestProxier(t *testing.T) (*Proxier, *fakeKernel, fakeSysctl) {
 	k := newFakeKernel()
 	sc := fakeSysctl{}
-	p, err := New(testConfig(), WithExec(k), WithSysctl(sc), WithBackend(BackendNFT))
+	p, err := New(dptest.Config(), WithExec(k), WithSysctl(sc), WithBackend(BackendNFT))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,16 +30,16 @@ func changed(names ...string) dataplane.SyncRequest {
 }
 
 func twoServices(aEPs ...*model.Endpoint) *model.Snapshot {
-	return snapshot(
-		svc("ns", "a", "198.19.0.1", 80, withEPs(aEPs...)),
-		svc("ns", "b", "198.19.0.2", 80, withEPs(ep("198.18.65.20", 80, false))),
+	return dptest.Snapshot(
+		dptest.Svc("ns", "a", "198.19.0.1", 80, dptest.WithEPs(aEPs...)),
+		dptest.Svc("ns", "b", "198.19.0.2", 80, dptest.WithEPs(dptest.EP("198.18.65.20", 80, false))),
 	)
 }
 
 func TestFullThenPartialWritesOnlyChanges(t *testing.T) {
 	ctx := context.Background()
 	p, k, sc := newTestProxier(t)
-	if err := p.Sync(ctx, twoServices(ep("198.18.65.10", 80, false)), changed("a", "b")); err != nil {
+	if err := p.Sync(ctx, twoServices(dptest.EP("198.18.65.10", 80, false)), changed("a", "b")); err != nil {
 		t.Fatal(err)
 	}
 	if sc[sysctlRouteLocalnet] != 1 {
@@ -51,7 +52,7 @@ func TestFullThenPartialWritesOnlyChanges(t *testing.T) {
 		}
 	}
 	// Add an endpoint to a: only a's chains and nothing of b.
-	snap := twoServices(ep("198.18.65.10", 80, false), ep("198.18.65.11", 80, false))
+	snap := twoServices(dptest.EP("198.18.65.10", 80, false), dptest.EP("198.18.65.11", 80, false))
 	if err := p.Sync(ctx, snap, changed("a")); err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +68,7 @@ func TestFullThenPartialWritesOnlyChanges(t *testing.T) {
 func TestNoEndpointsTransitionsOrderFilterAndNAT(t *testing.T) {
 	ctx := context.Background()
 	p, k, _ := newTestProxier(t)
-	withEP := twoServices(ep("198.18.65.10", 80, false))
+	withEP := twoServices(dptest.EP("198.18.65.10", 80, false))
 	if err := p.Sync(ctx, withEP, changed("a", "b")); err != nil {
 		t.Fatal(err)
 	}
@@ -93,11 +94,11 @@ func TestNoEndpointsTransitionsOrderFilterAndNAT(t *testing.T) {
 func TestFailedPartialRestoreForcesFull(t *testing.T) {
 	ctx := context.Background()
 	p, k, _ := newTestProxier(t)
-	if err := p.Sync(ctx, twoServices(ep("198.18.65.10", 80, false)), changed("a", "b")); err != nil {
+	if err := p.Sync(ctx, twoServices(dptest.EP("198.18.65.10", 80, false)), changed("a", "b")); err != nil {
 		t.Fatal(err)
 	}
 	k.failNext = true
-	snap := twoServices(ep("198.18.65.12", 80, false))
+	snap := twoServices(dptest.EP("198.18.65.12", 80, false))
 	if err := p.Sync(ctx, snap, changed("a")); err == nil {
 		t.Fatal("want error from failed restore")
 	}
@@ -113,12 +114,12 @@ func TestFailedPartialRestoreForcesFull(t *testing.T) {
 func TestStaleChainsDeleted(t *testing.T) {
 	ctx := context.Background()
 	p, k, _ := newTestProxier(t)
-	old := twoServices(ep("198.18.65.10", 80, false))
+	old := twoServices(dptest.EP("198.18.65.10", 80, false))
 	if err := p.Sync(ctx, old, changed("a", "b")); err != nil {
 		t.Fatal(err)
 	}
 	oldSEP := endpointChain(old.V4.Ports[0].ID, old.V4.Ports[0].Endpoints[0])
-	snap := snapshot(svc("ns", "b", "198.19.0.2", 80, withEPs(ep("198.18.65.20", 80, false))))
+	snap := dptest.Snapshot(dptest.Svc("ns", "b", "198.19.0.2", 80, dptest.WithEPs(dptest.EP("198.18.65.20", 80, false))))
 	if err := p.Sync(ctx, snap, changed("a")); err != nil {
 		t.Fatal(err)
 	}
@@ -131,13 +132,13 @@ func TestStaleChainsDeleted(t *testing.T) {
 func TestRestartDoesNotFlushAndRemovesLeftovers(t *testing.T) {
 	ctx := context.Background()
 	p, k, _ := newTestProxier(t)
-	snap := twoServices(ep("198.18.65.10", 80, false))
+	snap := twoServices(dptest.EP("198.18.65.10", 80, false))
 	if err := p.Sync(ctx, snap, changed("a", "b")); err != nil {
 		t.Fatal(err)
 	}
 	// A leftover of an older run.
 	_ = k.apply("4", "*nat\n:KUBE-SEP-OLDOLDOLDOLDOLD - [0:0]\nCOMMIT\n")
-	p2, _ := New(testConfig(), WithExec(k), WithSysctl(fakeSysctl{}), WithBackend(BackendNFT))
+	p2, _ := New(dptest.Config(), WithExec(k), WithSysctl(fakeSysctl{}), WithBackend(BackendNFT))
 	if err := p2.Sync(ctx, snap, dataplane.SyncRequest{Full: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +161,7 @@ func TestDriftedAfterFlush(t *testing.T) {
 	if d, _ := p.Drifted(ctx); d {
 		t.Fatal("drifted before first sync")
 	}
-	snap := twoServices(ep("198.18.65.10", 80, false))
+	snap := twoServices(dptest.EP("198.18.65.10", 80, false))
 	if err := p.Sync(ctx, snap, changed("a", "b")); err != nil {
 		t.Fatal(err)
 	}

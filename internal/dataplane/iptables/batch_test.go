@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/dataplane/dptest"
 )
 
 // TestBatchedSyncsMatchSingleInput: with a tiny batch size, full and
@@ -61,7 +62,7 @@ func TestBatchedSyncsMatchSingleInput(t *testing.T) {
 	for _, sp := range snap.V4.Ports { // every Service changes at once
 		if len(sp.Endpoints) > 1 {
 			sp.Endpoints = sp.Endpoints[1:]
-			categorize(sp)
+			dptest.Categorize(sp)
 		}
 	}
 	if err := p.Sync(ctx, snap, changed(names...)); err != nil {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/dataplane/dptest"
 	"github.com/kproxy/kproxy/internal/model"
 	"github.com/kproxy/kproxy/internal/objects"
 )
@@ -29,15 +30,15 @@ func scaleSnapshot(n, eps int) *model.Snapshot {
 			k := i*eps + j
 			a := 0xC6120000 + uint32(1024+k) // 198.18.4.0 onwards, inside 198.18.0.0/15
 			ip := netip.AddrFrom4([4]byte{byte(a >> 24), byte(a >> 16), byte(a >> 8), byte(a)})
-			list = append(list, ep(ip.String(), 8080, false))
+			list = append(list, dptest.EP(ip.String(), 8080, false))
 		}
-		opts := []spOpt{withEPs(list...)}
+		opts := []dptest.SvcOpt{dptest.WithEPs(list...)}
 		if i%4 == 0 {
-			opts = append(opts, withNodePort(uint16(30000+i/4%2768)))
+			opts = append(opts, dptest.WithNodePort(uint16(30000+i/4%2768)))
 		}
-		ports = append(ports, svc("scale", "svc-"+strconv.Itoa(i), ip.String(), 80, opts...))
+		ports = append(ports, dptest.Svc("scale", "svc-"+strconv.Itoa(i), ip.String(), 80, opts...))
 	}
-	return snapshot(ports...)
+	return dptest.Snapshot(ports...)
 }
 
 func BenchmarkRender10k(b *testing.B) {
@@ -84,7 +85,7 @@ func changedKey(id model.PortID) dataplane.SyncRequest {
 func BenchmarkPartialSync10k(b *testing.B) {
 	snap := scaleSnapshot(10000, 10)
 	k := newFakeKernel()
-	p, _ := New(testConfig(), WithExec(k), WithSysctl(fakeSysctl{}), WithBackend(BackendNFT))
+	p, _ := New(dptest.Config(), WithExec(k), WithSysctl(fakeSysctl{}), WithBackend(BackendNFT))
 	ctx := context.Background()
 	if err := p.Sync(ctx, snap, dataplane.SyncRequest{Full: true}); err != nil {
 		b.Fatal(err)
@@ -98,14 +99,14 @@ func BenchmarkPartialSync10k(b *testing.B) {
 		} else {
 			sp.Endpoints = orig
 		}
-		categorize(sp)
+		dptest.Categorize(sp)
 		if err := p.Sync(ctx, snap, changedKey(sp.ID)); err != nil {
 			b.Fatal(err)
 		}
 	}
 	b.StopTimer()
 	sp.Endpoints = orig
-	categorize(sp)
+	dptest.Categorize(sp)
 }
 
 // TestPrivilegedScale measures, in a node namespace, the cold start, the
@@ -137,29 +138,29 @@ func TestPrivilegedScale(t *testing.T) {
 }
 
 func measureScale(t *testing.T, b Backend, n int) {
-	l := newNetLab(t)
-	ex := NetnsExec{Namespace: l.node}
+	l := dptest.NewLab(t, labPrefix)
+	ex := NetnsExec{Namespace: l.Node}
 	p, _ := New(labConfig(), WithExec(ex), WithSysctl(ExecSysctl{Exec: ex}), WithBackend(b))
 	snap := scaleSnapshot(n, 10)
 	// The middle Service gets the lab's real pod as its only endpoint, for
 	// the connection rate.
 	probe := snap.V4.Ports[n/2]
-	probe.Endpoints = []*model.Endpoint{ep("198.18.64.10", 8080, true)}
-	categorize(probe)
-	l.serve("198.18.64.10:8080", "x")
+	probe.Endpoints = []*model.Endpoint{dptest.EP("198.18.64.10", 8080, true)}
+	dptest.Categorize(probe)
+	l.Serve("198.18.64.10:8080", "x")
 	ctx := context.Background()
 	start := time.Now()
 	if err := p.Sync(ctx, snap, dataplane.SyncRequest{Full: true}); err != nil {
 		t.Fatal(err)
 	}
 	cold := time.Since(start)
-	rate := l.connRate(probe.ClusterIP.String()+":80", 2*time.Second)
+	rate := connRate(t, l, probe.ClusterIP.String()+":80", 2*time.Second)
 	sp := snap.V4.Ports[n/3]
 	orig := sp.Endpoints
 	var lat []time.Duration
 	for i := 0; i < 40; i++ {
 		sp.Endpoints = orig[:len(orig)-1-i%2]
-		categorize(sp)
+		dptest.Categorize(sp)
 		s := time.Now()
 		if err := p.Sync(ctx, snap, changedKey(sp.ID)); err != nil {
 			t.Fatal(err)
@@ -173,7 +174,7 @@ func measureScale(t *testing.T, b Backend, n int) {
 	drift := time.Since(s)
 	var nl time.Duration
 	if b == BackendNFT {
-		l.in(l.node, func() {
+		l.In(l.Node, func() {
 			s := time.Now()
 			for _, table := range []string{tableMangle, tableFilter, tableNAT} {
 				if !netlinkCanaryOK(model.IPv4, table) {
@@ -192,9 +193,9 @@ func measureScale(t *testing.T, b Backend, n int) {
 
 // connRate opens and closes TCP connections to addr from the client
 // namespace, one after the other, for d, and returns connections per second.
-func (l *netLab) connRate(addr string, d time.Duration) float64 {
+func connRate(t testing.TB, l *dptest.Lab, addr string, d time.Duration) float64 {
 	var count, failed int
-	l.in(l.client, func() {
+	l.In(l.Client, func() {
 		end := time.Now().Add(d)
 		for time.Now().Before(end) {
 			c, err := net.DialTimeout("tcp", addr, time.Second)
@@ -204,7 +205,7 @@ func (l *netLab) connRate(addr string, d time.Duration) float64 {
 				// a rare lost SYN is that, not the rules.
 				failed++
 				if failed > 3 {
-					l.t.Errorf("connection %d to %s: %v (%d failures)", count, addr, err, failed)
+					t.Errorf("connection %d to %s: %v (%d failures)", count, addr, err, failed)
 					return
 				}
 				continue

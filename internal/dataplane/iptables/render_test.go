@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/dataplane/dptest"
 	"github.com/kproxy/kproxy/internal/model"
 )
 
@@ -32,12 +33,12 @@ func golden(t *testing.T, name, got string) {
 }
 
 func TestRenderGolden(t *testing.T) {
-	dual := testConfig()
+	dual := dptest.Config()
 	dual.Families = []model.Family{model.IPv4, model.IPv6}
-	masqAll := testConfig()
+	masqAll := dptest.Config()
 	masqAll.MasqueradeAll = true
 	masqAll.NodePortAddresses = []string{"198.18.0.2/32", "127.0.0.0/8"}
-	bridge := testConfig()
+	bridge := dptest.Config()
 	bridge.LocalMode = dataplane.LocalBridgeInterface
 	bridge.BridgeInterface = "cbr0"
 	cases := []struct {
@@ -46,7 +47,7 @@ func TestRenderGolden(t *testing.T) {
 		opts []Option
 		snap *model.Snapshot
 	}{
-		{"empty", testConfig(), nil, snapshot()},
+		{"empty", dptest.Config(), nil, dptest.Snapshot()},
 		{"features", dual, nil, featureSnapshot()},
 		{"masquerade-all-nodeport-addresses", masqAll, nil, featureSnapshot()},
 		{"bridge-no-localhost", bridge, []Option{WithLocalhostNodePorts(false)}, featureSnapshot()},

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kproxy/kproxy/internal/dataplane/dptest"
 	"github.com/kproxy/kproxy/internal/model"
 )
 
@@ -22,18 +23,18 @@ func TestTraceSourceRangesIPv6(t *testing.T) {
 	const lb = "fd00:40::1"
 	p := testParams()
 	p.Config.Families = []model.Family{model.IPv4, model.IPv6}
-	eps := []*model.Endpoint{ep("fd00:64::10", 8080, true), ep("fd00:65::10", 8080, false)}
-	sp := svc("ns", "lbsrc", "fd00:ffff::10", 80, withNodePort(30010), withLB(lb),
-		withSourceRanges("fd00:10::100/128"), withEPs(eps...))
-	text := RestoreText(Render(p, snapshot(sp).Family(model.IPv6), testNode()))
-	tr := newTracer(t, text, nodeIP6)
-	accepted := traceResult{verdict: "accept", dnat: []string{"[fd00:64::10]:8080", "[fd00:65::10]:8080"}, masq: true}
-	dropped := traceResult{verdict: "drop"}
+	eps := []*model.Endpoint{dptest.EP("fd00:64::10", 8080, true), dptest.EP("fd00:65::10", 8080, false)}
+	sp := dptest.Svc("ns", "lbsrc", "fd00:ffff::10", 80, dptest.WithNodePort(30010), dptest.WithLB(lb),
+		dptest.WithSourceRanges("fd00:10::100/128"), dptest.WithEPs(eps...))
+	text := RestoreText(Render(p, dptest.Snapshot(sp).Family(model.IPv6), dptest.Node()))
+	tr := newTracer(t, text, dptest.NodeIP6)
+	accepted := dptest.Result{Verdict: "accept", DNAT: []string{"[fd00:64::10]:8080", "[fd00:65::10]:8080"}, Masq: true}
+	dropped := dptest.Result{Verdict: "drop"}
 	for _, tc := range []struct {
 		name     string
 		src, iif string
 		fromHost bool
-		want     traceResult
+		want     dptest.Result
 	}{
 		{"in-range", "fd00:10::100", "eth0", false, accepted},
 		{"out-of-range-neighbour", "fd00:10::101", "eth0", false, dropped},
@@ -41,13 +42,13 @@ func TestTraceSourceRangesIPv6(t *testing.T) {
 		{"same-/64-outside-/128", "fd00:10::1:100", "eth0", false, dropped},
 		{"ipv4-mapped-range-address", "::ffff:198.18.0.100", "eth0", false, dropped},
 		{"local-pod-outside-ranges", "fd00:64::20", "veth1", false, dropped},
-		{"node-outside-ranges", nodeIP6.String(), "", true, dropped},
+		{"node-outside-ranges", dptest.NodeIP6.String(), "", true, dropped},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pkt := tracePacket{src: netip.MustParseAddr(tc.src), dst: netip.MustParseAddr(lb), proto: "tcp",
-				dport: 80, iif: tc.iif, fromHost: tc.fromHost}
+			pkt := dptest.Packet{Src: netip.MustParseAddr(tc.src), Dst: netip.MustParseAddr(lb), Proto: "tcp",
+				DPort: 80, Iif: tc.iif, FromHost: tc.fromHost}
 			got := tr.trace(pkt)
-			if got.verdict != tc.want.verdict || !slices.Equal(got.dnat, tc.want.dnat) || got.masq != tc.want.masq {
+			if got.Verdict != tc.want.Verdict || !slices.Equal(got.DNAT, tc.want.DNAT) || got.Masq != tc.want.Masq {
 				t.Errorf("%s -> [%s]:80: got %s, want %s", tc.src, lb, got, tc.want)
 			}
 		})

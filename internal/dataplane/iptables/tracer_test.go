@@ -1,13 +1,13 @@
 package iptables
 
 import (
-	"fmt"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/kproxy/kproxy/internal/dataplane/dptest"
 	"github.com/kproxy/kproxy/internal/model"
 )
 
@@ -15,24 +15,6 @@ import (
 // first packet of a connection through netfilter's hooks, exploring every
 // branch of `statistic` and `recent` matches. It knows exactly the rule
 // vocabulary render emits and fails the test on anything else.
-
-type tracePacket struct {
-	src, dst netip.Addr
-	proto    string
-	dport    uint16
-	iif      string
-	fromHost bool
-}
-
-type traceResult struct {
-	verdict string
-	dnat    []string
-	masq    bool
-}
-
-func (r traceResult) String() string {
-	return fmt.Sprintf("%s dnat=%v masq=%v", r.verdict, r.dnat, r.masq)
-}
 
 type tracer struct {
 	t      testing.TB
@@ -65,64 +47,14 @@ func newTracer(t testing.TB, text string, localAddrs ...netip.Addr) *tracer {
 	return tr
 }
 
-type pktState struct {
-	tracePacket
-	mark          uint32
-	dnatted, masq bool
-	choices       []bool
-	used          int
-	taken         []bool
-}
-
-func (st *pktState) choose() bool {
-	c := true
-	if st.used < len(st.choices) {
-		c = st.choices[st.used]
-	}
-	st.used++
-	st.taken = append(st.taken, c)
-	return c
-}
-
-func (tr *tracer) trace(p tracePacket) traceResult {
-	queue := [][]bool{nil}
-	verdicts, targets := map[string]bool{}, map[string]bool{}
-	var res traceResult
-	for runs := 0; len(queue) > 0; runs++ {
-		if runs > 1000 {
-			tr.t.Fatalf("trace of %+v does not terminate", p)
-		}
-		prefix := queue[0]
-		queue = queue[1:]
-		st := &pktState{tracePacket: p, choices: prefix}
-		verdicts[tr.run(st)] = true
-		if st.dnatted {
-			targets[netip.AddrPortFrom(st.dst, st.dport).String()] = true
-		}
-		res.masq = res.masq || st.masq
-		for i := len(prefix); i < len(st.taken); i++ {
-			if st.taken[i] {
-				queue = append(queue, append(slices.Clone(st.taken[:i]), false))
-			}
-		}
-	}
-	if len(verdicts) != 1 {
-		tr.t.Fatalf("branches of %+v end differently: %v", p, verdicts)
-	}
-	for v := range verdicts {
-		res.verdict = v
-	}
-	for tg := range targets {
-		res.dnat = append(res.dnat, tg)
-	}
-	slices.Sort(res.dnat)
-	return res
-}
+// trace runs p through the rules over every branch of their probabilistic
+// matches.
+func (tr *tracer) trace(p dptest.Packet) dptest.Result { return dptest.Explore(tr.t, p, tr.run) }
 
 // run follows the hooks of one path and returns the verdict.
-func (tr *tracer) run(st *pktState) string {
+func (tr *tracer) run(st *dptest.Branch) string {
 	hooks := [][2]string{{"nat", "PREROUTING"}}
-	if st.fromHost {
+	if st.FromHost {
 		hooks = [][2]string{{"nat", "OUTPUT"}, {"filter", "OUTPUT"}}
 	}
 	for _, h := range hooks {
@@ -131,9 +63,9 @@ func (tr *tracer) run(st *pktState) string {
 		}
 	}
 	switch {
-	case tr.local(st.dst):
+	case tr.local(st.Dst):
 		hooks = [][2]string{{"filter", "INPUT"}}
-	case st.fromHost:
+	case st.FromHost:
 		hooks = [][2]string{{"nat", "POSTROUTING"}}
 	default:
 		hooks = [][2]string{{"filter", "FORWARD"}, {"nat", "POSTROUTING"}}
@@ -146,7 +78,7 @@ func (tr *tracer) run(st *pktState) string {
 	return "accept"
 }
 
-func (tr *tracer) hook(st *pktState, table, chain string) string {
+func (tr *tracer) hook(st *dptest.Branch, table, chain string) string {
 	v := tr.chain(st, table, chain, 0)
 	if v == "" || v == "return" {
 		return "accept"
@@ -155,7 +87,7 @@ func (tr *tracer) hook(st *pktState, table, chain string) string {
 }
 
 // chain evaluates a chain: "" when it falls through.
-func (tr *tracer) chain(st *pktState, table, name string, depth int) string {
+func (tr *tracer) chain(st *dptest.Branch, table, name string, depth int) string {
 	rules, ok := tr.tables[table][name]
 	if !ok && !builtin(name) {
 		tr.t.Fatalf("jump to missing chain %s/%s", table, name)
@@ -176,7 +108,7 @@ func builtin(name string) bool {
 }
 
 // rule evaluates one rule: "" means continue with the next rule.
-func (tr *tracer) rule(st *pktState, table string, toks []string, depth int) string {
+func (tr *tracer) rule(st *dptest.Branch, table string, toks []string, depth int) string {
 	for i := 0; i < len(toks); {
 		neg := false
 		if toks[i] == "!" {
@@ -197,7 +129,7 @@ func (tr *tracer) rule(st *pktState, table string, toks []string, depth int) str
 
 // match evaluates one option; it returns whether it matched and how many
 // value tokens it consumed.
-func (tr *tracer) match(st *pktState, opt string, args []string) (bool, int) {
+func (tr *tracer) match(st *dptest.Branch, opt string, args []string) (bool, int) {
 	switch opt {
 	case "-m":
 		return true, 1
@@ -206,29 +138,29 @@ func (tr *tracer) match(st *pktState, opt string, args []string) (bool, int) {
 	case "--reap", "--set":
 		return true, 0
 	case "--rcheck":
-		return st.choose(), 0
+		return st.Choose(), 0
 	case "--probability":
-		return st.choose(), 1
+		return st.Choose(), 1
 	case "-p":
-		return args[0] == st.proto, 1
+		return args[0] == st.Proto, 1
 	case "--dport":
-		return portMatch(args[0], st.dport), 1
+		return portMatch(args[0], st.DPort), 1
 	case "-d":
-		return addrMatch(tr.t, args[0], st.dst), 1
+		return addrMatch(tr.t, args[0], st.Dst), 1
 	case "-s":
-		return addrMatch(tr.t, args[0], st.src), 1
+		return addrMatch(tr.t, args[0], st.Src), 1
 	case "-i":
-		return ifMatch(args[0], st.iif), 1
+		return ifMatch(args[0], st.Iif), 1
 	case "--dst-type":
-		return tr.local(st.dst), 1
+		return tr.local(st.Dst), 1
 	case "--src-type":
-		return tr.local(st.src), 1
+		return tr.local(st.Src), 1
 	case "--mark":
 		v, m := parseMark(tr.t, args[0])
-		return st.mark&m == v, 1
+		return st.Mark&m == v, 1
 	case "--ctstate":
 		for _, s := range strings.Split(args[0], ",") {
-			if s == "NEW" || (s == "DNAT" && st.dnatted) {
+			if s == "NEW" || (s == "DNAT" && st.DNATted) {
 				return true, 1
 			}
 		}
@@ -238,7 +170,7 @@ func (tr *tracer) match(st *pktState, opt string, args []string) (bool, int) {
 	return false, 0
 }
 
-func (tr *tracer) target(st *pktState, table, verb string, args []string, depth int) string {
+func (tr *tracer) target(st *dptest.Branch, table, verb string, args []string, depth int) string {
 	switch args[0] {
 	case "ACCEPT":
 		return "accept"
@@ -250,17 +182,17 @@ func (tr *tracer) target(st *pktState, table, verb string, args []string, depth 
 		return "return"
 	case "DNAT":
 		ap := netip.MustParseAddrPort(args[2])
-		st.dst, st.dport, st.dnatted = ap.Addr(), ap.Port(), true
+		st.Dst, st.DPort, st.DNATted = ap.Addr(), ap.Port(), true
 		return "accept"
 	case "MASQUERADE":
-		st.masq = true
+		st.Masq = true
 		return "accept"
 	case "MARK":
 		v, _ := strconv.ParseUint(strings.TrimPrefix(args[2], "0x"), 16, 32)
 		if args[1] == "--or-mark" {
-			st.mark |= uint32(v)
+			st.Mark |= uint32(v)
 		} else {
-			st.mark ^= uint32(v)
+			st.Mark ^= uint32(v)
 		}
 		return ""
 	}
@@ -330,5 +262,5 @@ func parseMark(t testing.TB, s string) (uint32, uint32) {
 // traceOf renders snap for one family and builds a tracer over it.
 func traceOf(t testing.TB, p Params, snap *model.Snapshot, fam model.Family) *tracer {
 	rs := Render(p, snap.Family(fam), snap.Node)
-	return newTracer(t, RestoreText(rs), nodeIP, nodeIP6)
+	return newTracer(t, RestoreText(rs), dptest.NodeIP, dptest.NodeIP6)
 }

@@ -136,7 +136,7 @@ func TestPrivilegedScale(t *testing.T) {
 func scaleRun(t *testing.T, n int) {
 	tn := newTestNet(t)
 	for _, phase := range []string{"cold", "restart"} {
-		d, rss := scaleChild(t, tn.node, phase, n)
+		d, rss := scaleChild(t, tn.Node, phase, n)
 		t.Logf("%d Services x 10 endpoints: %s sync %v in a fresh process; its peak RSS %d MiB (GOMEMLIMIT=%q)",
 			n, phase, d.Round(time.Millisecond), rss>>20, os.Getenv("GOMEMLIMIT"))
 	}
@@ -149,7 +149,7 @@ func scaleRun(t *testing.T, n int) {
 		var d bool
 		var err error
 		s0 := time.Now()
-		tn.in(tn.node, func() { d, err = p.Drifted(context.Background()) })
+		tn.In(tn.Node, func() { d, err = p.Drifted(context.Background()) })
 		if err != nil || d != want {
 			t.Fatalf("Drifted %s = %v, %v; want %v", label, d, err, want)
 		}
@@ -176,7 +176,7 @@ func scaleRun(t *testing.T, n int) {
 	changes("monitor listening", 200)
 	drifted("after kproxy's own syncs", false)
 	drifted("nothing committed since", false)
-	run(t, "ip", "netns", "exec", tn.node, "nft", "add", "table", "ip", "someone-else")
+	dptest.Run(t, "ip", "netns", "exec", tn.Node, "nft", "add", "table", "ip", "someone-else")
 	drifted("after a foreign commit to another table", false)
 	var victim string
 	for name := range p.fams[model.IPv4].kChains {
@@ -185,7 +185,7 @@ func scaleRun(t *testing.T, n int) {
 			break
 		}
 	}
-	run(t, "ip", "netns", "exec", tn.node, "nft", "flush", "chain", "ip", DefaultTableName, victim)
+	dptest.Run(t, "ip", "netns", "exec", tn.Node, "nft", "flush", "chain", "ip", DefaultTableName, victim)
 	drifted("after one Service chain was flushed", true)
 	s1 := time.Now()
 	tn.sync(p, snap, dataplane.SyncRequest{Full: true})
@@ -228,10 +228,13 @@ func TestPrivilegedScaleChild(t *testing.T) {
 	f := strings.Split(env, ",")
 	n, _ := strconv.Atoi(f[1])
 	snap := scaleSnapshot(n, 10)
-	tn := &testNet{t: t, node: f[2]}
 	p, _ := New(privConfig())
 	start := time.Now()
-	tn.sync(p, snap, dataplane.SyncRequest{Full: true})
+	var err error
+	dptest.InNamespace(t, f[2], func() { err = p.Sync(context.Background(), snap, dataplane.SyncRequest{Full: true}) })
+	if err != nil {
+		t.Fatal(err)
+	}
 	fmt.Printf("SYNC_NS=%d\n", time.Since(start).Nanoseconds())
 	if path := os.Getenv("KPROXY_SCALE_HEAP"); path != "" {
 		// What a synced proxier keeps (the snapshot is the model's, not ours).

@@ -3,22 +3,17 @@ package nftables
 import (
 	"context"
 	"errors"
-	"fmt"
-	"io"
 	"math/bits"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
 	"sigs.k8s.io/knftables"
 
 	"github.com/kproxy/kproxy/internal/dataplane"
@@ -27,128 +22,26 @@ import (
 	"github.com/kproxy/kproxy/internal/objects"
 )
 
-// requireRoot skips without root, except in CI where it fails.
-func requireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("privileged test needs root (CI=true: not skipping)")
-	}
-	t.Skip("skipping privileged test: needs root to create network namespaces")
-}
+// labPrefix names the namespaces of this package's labs (see dptest.NewLab).
+const labPrefix = "kpxnft"
 
-// testNet is a node namespace with a pod namespace (behind veth, pod CIDR
-// 198.18.64.0/24) and a client namespace (198.18.200.0/24), all addresses in
-// 198.18.0.0/15 and no default routes.
+// testNet is a dptest lab for the nftables proxier, which programs the
+// kernel over netlink from the namespace of its thread: sync runs it in
+// the node namespace.
 type testNet struct {
-	t                 testing.TB
-	node, pod, client string
+	*dptest.Lab
+	t testing.TB
 }
 
-func run(t testing.TB, args ...string) {
-	t.Helper()
-	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-}
-
-func newTestNet(t testing.TB) *testNet {
-	requireRoot(t)
-	id := fmt.Sprintf("kpxnft-%d-%d", os.Getpid(), time.Now().UnixNano()%100000)
-	n := &testNet{t: t, node: id + "-node", pod: id + "-pod", client: id + "-cli"}
-	for _, ns := range []string{n.node, n.pod, n.client} {
-		run(t, "ip", "netns", "add", ns)
-		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
-		run(t, "ip", "-n", ns, "link", "set", "lo", "up")
-	}
-	link := func(a, aIf, aIP, b, bIf, bIP string) {
-		run(t, "ip", "-n", a, "link", "add", aIf, "type", "veth", "peer", "name", bIf, "netns", b)
-		run(t, "ip", "-n", a, "addr", "add", aIP, "dev", aIf)
-		run(t, "ip", "-n", b, "addr", "add", bIP, "dev", bIf)
-		run(t, "ip", "-n", a, "link", "set", aIf, "up")
-		run(t, "ip", "-n", b, "link", "set", bIf, "up")
-	}
-	link(n.node, "vpod", "198.18.64.1/24", n.pod, "eth0", "198.18.64.10/24")
-	link(n.node, "vcli", "198.18.200.1/24", n.client, "eth0", "198.18.200.5/24")
-	run(t, "ip", "netns", "exec", n.node, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv4.icmp_ratelimit=0")
-	run(t, "ip", "-n", n.pod, "route", "add", "198.18.200.0/24", "via", "198.18.64.1")
-	run(t, "ip", "-n", n.client, "route", "add", "198.19.0.0/16", "via", "198.18.200.1")
-	// Service IPs need a route on the node (a real node has a default
-	// route) so that undispatched packets reach the forward hook.
-	run(t, "ip", "-n", n.node, "route", "add", "198.19.0.0/16", "dev", "vpod")
-	return n
-}
-
-// in runs fn with the calling goroutine's thread inside namespace ns; child
-// processes (nft) and sockets made by fn live there.
-func (n *testNet) in(ns string, fn func()) {
-	n.t.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	defer orig.Close()
-	target, err := netns.GetFromName(ns)
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	defer target.Close()
-	if err := netns.Set(target); err != nil {
-		n.t.Fatal(err)
-	}
-	defer func() {
-		if err := netns.Set(orig); err != nil {
-			panic(fmt.Sprintf("cannot return to the original network namespace: %v", err))
-		}
-	}()
-	fn()
-}
-
-// serve answers every connection to addr (in the pod namespace) with reply.
-func (n *testNet) serve(addr, reply string) {
-	var ln net.Listener
-	n.in(n.pod, func() {
-		var err error
-		if ln, err = net.Listen("tcp", addr); err != nil {
-			n.t.Fatal(err)
-		}
-	})
-	n.t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = io.WriteString(c, reply)
-			c.Close()
-		}
-	}()
-}
+func newTestNet(t testing.TB) *testNet { return &testNet{Lab: dptest.NewLab(t, labPrefix), t: t} }
 
 // get connects from the client namespace and returns what the server says.
-func (n *testNet) get(addr string) (string, error) {
-	var c net.Conn
-	var err error
-	n.in(n.client, func() { c, err = net.DialTimeout("tcp", addr, 2*time.Second) })
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	b, err := io.ReadAll(c)
-	return string(b), err
-}
+func (n *testNet) get(addr string) (string, error) { return n.Get(addr, 2*time.Second) }
 
 func (n *testNet) sync(p *Proxier, snap *model.Snapshot, req dataplane.SyncRequest) {
 	n.t.Helper()
 	var err error
-	n.in(n.node, func() { err = p.Sync(context.Background(), snap, req) })
+	n.In(n.Node, func() { err = p.Sync(context.Background(), snap, req) })
 	if err != nil {
 		n.t.Fatal(err)
 	}
@@ -161,8 +54,8 @@ func privConfig() dataplane.Config {
 
 func TestPrivilegedClusterIPTraffic(t *testing.T) {
 	n := newTestNet(t)
-	n.serve("198.18.64.10:8080", "pod-8080")
-	n.serve("198.18.64.10:8081", "pod-8081")
+	n.Serve("198.18.64.10:8080", "pod-8080")
+	n.Serve("198.18.64.10:8081", "pod-8081")
 	svcOn := func(port uint16) *model.Snapshot {
 		return dptest.Snapshot(dptest.Svc("ns", "web", "198.19.0.10", 80, dptest.WithEPs(dptest.EP("198.18.64.10", port, true))))
 	}
@@ -173,11 +66,11 @@ func TestPrivilegedClusterIPTraffic(t *testing.T) {
 			t.Fatalf("%s: got %q, %v; want %q", step, got, err, want)
 		}
 	}
-	run(t, "ip", "netns", "exec", n.node, "nft", "add", "table", "ip", upstreamTable)
+	dptest.Run(t, "ip", "netns", "exec", n.Node, "nft", "add", "table", "ip", upstreamTable)
 	p, _ := New(privConfig())
 	n.sync(p, svcOn(8080), dataplane.SyncRequest{Full: true})
 	expect("first sync", "pod-8080")
-	if out, _ := exec.Command("ip", "netns", "exec", n.node, "nft", "list", "tables").CombinedOutput(); strings.Contains(string(out), upstreamTable) {
+	if out, _ := exec.Command("ip", "netns", "exec", n.Node, "nft", "list", "tables").CombinedOutput(); strings.Contains(string(out), upstreamTable) {
 		t.Errorf("upstream kube-proxy table left after the first sync: %s", out)
 	}
 
@@ -190,7 +83,7 @@ func TestPrivilegedClusterIPTraffic(t *testing.T) {
 	expect("restart", "pod-8081")
 	st := p2.fams[model.IPv4]
 	want := st.want
-	n.in(n.node, func() {
+	n.In(n.Node, func() {
 		if err := st.readKernel(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -204,10 +97,10 @@ func TestPrivilegedClusterIPTraffic(t *testing.T) {
 	}
 
 	// Someone flushes the table: Drifted notices, a full sync repairs it.
-	run(t, "ip", "netns", "exec", n.node, "nft", "flush", "table", "ip", DefaultTableName)
+	dptest.Run(t, "ip", "netns", "exec", n.Node, "nft", "flush", "table", "ip", DefaultTableName)
 	var drifted bool
 	var err error
-	n.in(n.node, func() { drifted, err = p2.Drifted(context.Background()) })
+	n.In(n.Node, func() { drifted, err = p2.Drifted(context.Background()) })
 	if err != nil || !drifted {
 		t.Fatalf("Drifted after flush = %v, %v", drifted, err)
 	}
@@ -215,14 +108,14 @@ func TestPrivilegedClusterIPTraffic(t *testing.T) {
 	expect("repair", "pod-8081")
 
 	// Someone deletes the table: the same.
-	run(t, "ip", "netns", "exec", n.node, "nft", "delete", "table", "ip", DefaultTableName)
-	n.in(n.node, func() { drifted, err = p2.Drifted(context.Background()) })
+	dptest.Run(t, "ip", "netns", "exec", n.Node, "nft", "delete", "table", "ip", DefaultTableName)
+	n.In(n.Node, func() { drifted, err = p2.Drifted(context.Background()) })
 	if err != nil || !drifted {
 		t.Fatalf("Drifted after table deletion = %v, %v", drifted, err)
 	}
 	n.sync(p2, svcOn(8081), dataplane.SyncRequest{Full: true})
 	expect("repair after deletion", "pod-8081")
-	n.in(n.node, func() { drifted, err = p2.Drifted(context.Background()) })
+	n.In(n.Node, func() { drifted, err = p2.Drifted(context.Background()) })
 	if err != nil || drifted {
 		t.Fatalf("Drifted after repair = %v, %v", drifted, err)
 	}
@@ -235,11 +128,11 @@ func TestPrivilegedClusterIPTraffic(t *testing.T) {
 		t.Fatalf("no endpoints: got %v after %v, want a fast connection refused", err, time.Since(start))
 	}
 
-	n.in(n.node, func() { err = p2.Cleanup(context.Background()) })
+	n.In(n.Node, func() { err = p2.Cleanup(context.Background()) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, _ := exec.Command("ip", "netns", "exec", n.node, "nft", "list", "tables").CombinedOutput()
+	out, _ := exec.Command("ip", "netns", "exec", n.Node, "nft", "list", "tables").CombinedOutput()
 	if strings.Contains(string(out), DefaultTableName) {
 		t.Fatalf("tables left after Cleanup: %s", out)
 	}
@@ -252,14 +145,14 @@ func TestPrivilegedClusterIPTraffic(t *testing.T) {
 // namespace, so that without the drop the connection is refused there.
 func TestPrivilegedServiceCIDRs(t *testing.T) {
 	n := newTestNet(t)
-	n.serve("198.18.64.10:8080", "pod-8080")
-	run(t, "ip", "-n", n.pod, "addr", "add", "198.19.0.99/32", "dev", "eth0")
+	n.Serve("198.18.64.10:8080", "pod-8080")
+	dptest.Run(t, "ip", "-n", n.Pod, "addr", "add", "198.19.0.99/32", "dev", "eth0")
 	snap := dptest.Snapshot(dptest.Svc("ns", "web", "198.19.0.10", 80, dptest.WithEPs(dptest.EP("198.18.64.10", 8080, true))))
 	p, _ := New(privConfig())
 	n.sync(p, snap, dataplane.SyncRequest{Full: true})
 	dial := func(addr string) error {
 		var err error
-		n.in(n.client, func() {
+		n.In(n.Client, func() {
 			var c net.Conn
 			if c, err = net.DialTimeout("tcp", addr, 500*time.Millisecond); err == nil {
 				c.Close()
@@ -303,7 +196,7 @@ func TestPrivilegedFeatureTables(t *testing.T) {
 	for _, f := range cfg.Families {
 		st := p2.fams[f]
 		want := st.want
-		n.in(n.node, func() {
+		n.In(n.Node, func() {
 			if err := st.readKernel(context.Background()); err != nil {
 				t.Fatal(err)
 			}
@@ -322,7 +215,7 @@ func TestPrivilegedFeatureTables(t *testing.T) {
 		}
 		var drifted bool
 		var err error
-		n.in(n.node, func() { drifted, err = p2.Drifted(context.Background()) })
+		n.In(n.Node, func() { drifted, err = p2.Drifted(context.Background()) })
 		if err != nil || drifted {
 			t.Errorf("Drifted on an intact table = %v, %v", drifted, err)
 		}
@@ -336,9 +229,9 @@ func TestPrivilegedFeatureTables(t *testing.T) {
 	if p2.gen.verified == 0 {
 		t.Error("kproxy's own sync made the tables unverified")
 	}
-	run(t, "ip", "netns", "exec", n.node, "nft", "add", "table", "ip", "someone-else")
+	dptest.Run(t, "ip", "netns", "exec", n.Node, "nft", "add", "table", "ip", "someone-else")
 	var drifted bool
-	n.in(n.node, func() { drifted, _ = p2.Drifted(context.Background()) })
+	n.In(n.Node, func() { drifted, _ = p2.Drifted(context.Background()) })
 	if drifted {
 		t.Error("another table's creation counted as drift")
 	}
@@ -350,7 +243,7 @@ func TestPrivilegedBatchError(t *testing.T) {
 	n := newTestNet(t)
 	nl := newNetlinkReader(model.IPv4, DefaultTableName)
 	var err error
-	n.in(n.node, func() {
+	n.In(n.Node, func() {
 		b := newNLBatch(2, DefaultTableName, 0)
 		b.addTable("")
 		if err := b.addChain(&knftables.Chain{Name: "good"}); err != nil {
@@ -363,7 +256,7 @@ func TestPrivilegedBatchError(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "add rule to chain good") || !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("got %v, want ENOENT naming the rule's message", err)
 	}
-	if out, _ := exec.Command("ip", "netns", "exec", n.node, "nft", "list", "tables").CombinedOutput(); strings.Contains(string(out), DefaultTableName) {
+	if out, _ := exec.Command("ip", "netns", "exec", n.Node, "nft", "list", "tables").CombinedOutput(); strings.Contains(string(out), DefaultTableName) {
 		t.Errorf("a rejected batch left a table behind: %s", out)
 	}
 }
@@ -411,14 +304,14 @@ func TestPrivilegedNetlinkEqualsCLI(t *testing.T) {
 			for _, f := range cfg.Families {
 				var text strings.Builder
 				p1.Render(&text, snap)
-				cmd := exec.Command("ip", "netns", "exec", viaCLI.node, "nft", "-f", "-")
+				cmd := exec.Command("ip", "netns", "exec", viaCLI.Node, "nft", "-f", "-")
 				cmd.Stdin = strings.NewReader(withoutAffinityLookups(renderText(render(cfg, snap.Family(f), snap.Node), DefaultTableName)))
 				if out, err := cmd.CombinedOutput(); err != nil {
 					t.Fatalf("nft -f: %v\n%s", err, out)
 				}
 			}
 			for _, fam := range []string{"ip", "ip6"} {
-				a, b := listTable(t, viaNetlink.node, fam), listTable(t, viaCLI.node, fam)
+				a, b := listTable(t, viaNetlink.Node, fam), listTable(t, viaCLI.Node, fam)
 				a = checkAffinityLookups(t, a)
 				if len(a) < 200 && fam == "ip" {
 					t.Errorf("suspiciously short listing: %q", a)
@@ -495,7 +388,7 @@ func listTable(t *testing.T, ns, fam string) string {
 // syncs and other tables' changes are not drift.
 func TestPrivilegedDriftMonitor(t *testing.T) {
 	n := newTestNet(t)
-	n.serve("198.18.64.10:8080", "pod-8080")
+	n.Serve("198.18.64.10:8080", "pod-8080")
 	snap := dptest.Snapshot(dptest.Svc("ns", "web", "198.19.0.10", 80, dptest.WithEPs(dptest.EP("198.18.64.10", 8080, true))))
 	p, _ := New(privConfig())
 	n.sync(p, snap, dataplane.SyncRequest{Full: true})
@@ -503,13 +396,15 @@ func TestPrivilegedDriftMonitor(t *testing.T) {
 		t.Helper()
 		var d bool
 		var err error
-		n.in(n.node, func() { d, err = p.Drifted(context.Background()) })
+		n.In(n.Node, func() { d, err = p.Drifted(context.Background()) })
 		if err != nil {
 			t.Fatal(err)
 		}
 		return d
 	}
-	nft := func(args ...string) { run(t, append([]string{"ip", "netns", "exec", n.node, "nft"}, args...)...) }
+	nft := func(args ...string) {
+		dptest.Run(t, append([]string{"ip", "netns", "exec", n.Node, "nft"}, args...)...)
+	}
 	if drifted() {
 		t.Fatal("Drifted right after a sync")
 	}

@@ -9,11 +9,11 @@ import (
 	"github.com/kproxy/kproxy/internal/model"
 )
 
-func pkt(src, dst string, proto string, dport uint16, iif string) tracePacket {
-	return tracePacket{src: netip.MustParseAddr(src), dst: netip.MustParseAddr(dst), proto: proto, dport: dport, iif: iif}
+func pkt(src, dst string, proto string, dport uint16, iif string) dptest.Packet {
+	return dptest.Packet{Src: netip.MustParseAddr(src), Dst: netip.MustParseAddr(dst), Proto: proto, DPort: dport, Iif: iif}
 }
 
-func fromHost(p tracePacket) tracePacket { p.fromHost = true; return p }
+func fromHost(p dptest.Packet) dptest.Packet { p.FromHost = true; return p }
 
 // TestTraceFeatures covers the features outside the policy matrix.
 func TestTraceFeatures(t *testing.T) {
@@ -46,7 +46,7 @@ func TestTraceFeatures(t *testing.T) {
 		cfg  dataplane.Config
 		snap *model.Snapshot
 		fam  model.Family
-		p    tracePacket
+		p    dptest.Packet
 		want string
 	}{
 		{"udp", dptest.Config(), feats, 4, pkt("198.18.64.50", "198.19.0.11", "udp", 53, "veth1"), "accept dnat=[198.18.65.12:5353] masq=false"},

@@ -1,7 +1,6 @@
 package nftables
 
 import (
-	"fmt"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -17,22 +16,6 @@ import (
 // following netfilter's hook order, and explores every branch of the
 // `numgen` load-balancing rules. It understands exactly the rule
 // vocabulary render emits and fails the test on anything else.
-
-// tracePacket is the first packet of a connection.
-type tracePacket struct {
-	src, dst netip.Addr
-	proto    string
-	dport    uint16
-	iif      string
-	fromHost bool // sent by a host-network process (output path)
-}
-
-// traceResult is what happened to a packet over every branch.
-type traceResult struct {
-	verdict string   // accept, drop or reject
-	dnat    []string // every possible DNAT target, sorted; nil when none
-	masq    bool
-}
 
 type tracer struct {
 	t       testing.TB
@@ -67,59 +50,13 @@ func newTracer(t testing.TB, d *desired, localAddrs ...netip.Addr) *tracer {
 	return tr
 }
 
-// pktState is the mutable state of one packet along one branch.
-type pktState struct {
-	tracePacket
-	mark    uint32
-	dnatted bool
-	masq    bool
-	choices []bool // numgen decisions to take, in order
-	used    int    // numgen decisions taken
-	taken   []bool // decisions actually taken
-}
-
 // trace explores all numgen branches and merges their outcomes.
-func (tr *tracer) trace(p tracePacket) traceResult {
-	var res traceResult
-	queue := [][]bool{nil}
-	targets := map[string]bool{}
-	verdicts := map[string]bool{}
-	for runs := 0; len(queue) > 0; runs++ {
-		if runs > 1000 {
-			tr.t.Fatalf("trace of %+v does not terminate", p)
-		}
-		prefix := queue[0]
-		queue = queue[1:]
-		st := &pktState{tracePacket: p, choices: prefix}
-		v := tr.run(st)
-		verdicts[v] = true
-		if st.dnatted {
-			targets[netip.AddrPortFrom(st.dst, st.dport).String()] = true
-		}
-		res.masq = res.masq || st.masq
-		for i := len(prefix); i < len(st.taken); i++ {
-			if st.taken[i] {
-				queue = append(queue, append(slices.Clone(st.taken[:i]), false))
-			}
-		}
-	}
-	if len(verdicts) != 1 {
-		tr.t.Fatalf("branches of %+v end differently: %v", p, verdicts)
-	}
-	for v := range verdicts {
-		res.verdict = v
-	}
-	for tgt := range targets {
-		res.dnat = append(res.dnat, tgt)
-	}
-	slices.Sort(res.dnat)
-	return res
-}
+func (tr *tracer) trace(p dptest.Packet) dptest.Result { return dptest.Explore(tr.t, p, tr.run) }
 
 // run follows the hooks of one path; it returns the final verdict.
-func (tr *tracer) run(st *pktState) string {
+func (tr *tracer) run(st *dptest.Branch) string {
 	pre := []string{chainFilterPreroutingPreDNAT, chainNATPrerouting}
-	if st.fromHost {
+	if st.FromHost {
 		pre = []string{chainFilterOutputPreDNAT, chainNATOutput, chainFilterOutput}
 	}
 	for _, c := range pre {
@@ -129,9 +66,9 @@ func (tr *tracer) run(st *pktState) string {
 	}
 	var post []string
 	switch {
-	case tr.isLocal(st.dst):
+	case tr.isLocal(st.Dst):
 		post = []string{chainFilterInput}
-	case st.fromHost:
+	case st.FromHost:
 		post = []string{chainNATPostrouting}
 	default:
 		post = []string{chainFilterForward, chainNATPostrouting}
@@ -145,7 +82,7 @@ func (tr *tracer) run(st *pktState) string {
 }
 
 // hook runs a base chain; "accept" means the packet continues.
-func (tr *tracer) hook(st *pktState, name string) string {
+func (tr *tracer) hook(st *dptest.Branch, name string) string {
 	v := tr.chain(st, name, 0)
 	if v == "" || v == "return" {
 		return "accept"
@@ -154,7 +91,7 @@ func (tr *tracer) hook(st *pktState, name string) string {
 }
 
 // chain evaluates a chain; "" means it fell through (or returned).
-func (tr *tracer) chain(st *pktState, name string, depth int) string {
+func (tr *tracer) chain(st *dptest.Branch, name string, depth int) string {
 	c := tr.chains[name]
 	if c == nil {
 		tr.t.Fatalf("jump to missing chain %q", name)
@@ -171,7 +108,7 @@ func (tr *tracer) chain(st *pktState, name string, depth int) string {
 }
 
 // rule evaluates one rule; "" means continue with the next rule.
-func (tr *tracer) rule(st *pktState, rule string, depth int) string {
+func (tr *tracer) rule(st *dptest.Branch, rule string, depth int) string {
 	toks := tokenize(rule)
 	for len(toks) > 0 {
 		ok, v, rest := tr.step(st, toks, depth)
@@ -188,7 +125,7 @@ func (tr *tracer) rule(st *pktState, rule string, depth int) string {
 
 // verdict applies a verdict statement: jump returns into the rule; goto
 // does not.
-func (tr *tracer) verdict(st *pktState, verb, target string, depth int) string {
+func (tr *tracer) verdict(st *dptest.Branch, verb, target string, depth int) string {
 	switch verb {
 	case "jump":
 		if v := tr.chain(st, target, depth+1); v != "return" {
@@ -207,21 +144,21 @@ func (tr *tracer) verdict(st *pktState, verb, target string, depth int) string {
 
 // step consumes one match or statement from toks. ok=false: no match.
 // v != "": the rule ends with that verdict.
-func (tr *tracer) step(st *pktState, toks []string, depth int) (ok bool, v string, rest []string) {
+func (tr *tracer) step(st *dptest.Branch, toks []string, depth int) (ok bool, v string, rest []string) {
 	switch toks[0] {
 	case "ct":
 		if toks[1] == "state" {
 			return toks[2] == "new", "", toks[3:]
 		}
-		return st.dnatted, "", toks[3:] // ct status dnat
+		return st.DNATted, "", toks[3:] // ct status dnat
 	case "jump", "goto":
 		return true, tr.verdict(st, toks[0], toks[1], depth), nil
 	case "drop", "reject", "accept":
 		return true, toks[0], nil
 	case "fib":
-		a := st.dst
+		a := st.Dst
 		if toks[1] == "saddr" {
-			a = st.src
+			a = st.Src
 		}
 		return tr.isLocal(a), "", toks[4:]
 	case "iifname":
@@ -229,16 +166,10 @@ func (tr *tracer) step(st *pktState, toks []string, depth int) (ok bool, v strin
 	case "mark":
 		return tr.markStep(st, toks)
 	case "masquerade":
-		st.masq = true
+		st.Masq = true
 		return true, "accept", nil
 	case "numgen":
-		take := true
-		if st.used < len(st.choices) {
-			take = st.choices[st.used]
-		}
-		st.used++
-		st.taken = append(st.taken, take)
-		return take, "", toks[5:]
+		return st.Choose(), "", toks[5:]
 	case "update":
 		end := slices.Index(toks, "}")
 		return true, "", toks[end+1:]
@@ -247,7 +178,7 @@ func (tr *tracer) step(st *pktState, toks []string, depth int) (ok bool, v strin
 			return tr.mappedDNAT(st, toks)
 		}
 		ap := netip.MustParseAddrPort(toks[2])
-		st.dst, st.dport, st.dnatted = ap.Addr(), ap.Port(), true
+		st.Dst, st.DPort, st.DNATted = ap.Addr(), ap.Port(), true
 		return true, "accept", nil
 	}
 	return tr.exprStep(st, toks, depth)
@@ -255,18 +186,12 @@ func (tr *tracer) step(st *pktState, toks []string, depth int) (ok bool, v strin
 
 // mappedDNAT picks slot i of M (one binary numgen decision per slot, so
 // every slot is a branch) and DNATs to that element of the map.
-func (tr *tracer) mappedDNAT(st *pktState, toks []string) (bool, string, []string) {
+func (tr *tracer) mappedDNAT(st *dptest.Branch, toks []string) (bool, string, []string) {
 	m, _ := strconv.Atoi(toks[6])
 	base, _ := strconv.Atoi(toks[8])
 	i := 0
 	for ; i < m-1; i++ {
-		take := true
-		if st.used < len(st.choices) {
-			take = st.choices[st.used]
-		}
-		st.used++
-		st.taken = append(st.taken, take)
-		if take {
+		if st.Choose() {
 			break
 		}
 	}
@@ -277,11 +202,11 @@ func (tr *tracer) mappedDNAT(st *pktState, toks []string) (bool, string, []strin
 	f := strings.Split(v, " ")
 	a, _ := netip.ParseAddr(f[0])
 	port, _ := strconv.Atoi(f[1])
-	st.dst, st.dport, st.dnatted = a, uint16(port), true
+	st.Dst, st.DPort, st.DNATted = a, uint16(port), true
 	return true, "accept", nil
 }
 
-func (tr *tracer) matchIface(st *pktState, toks []string) (bool, string, []string) {
+func (tr *tracer) matchIface(st *dptest.Branch, toks []string) (bool, string, []string) {
 	neg := toks[1] == "!="
 	var pat string
 	if neg {
@@ -290,14 +215,14 @@ func (tr *tracer) matchIface(st *pktState, toks []string) (bool, string, []strin
 		pat, toks = toks[1], toks[2:]
 	}
 	pat = strings.Trim(pat, `"`)
-	m := st.iif == pat
+	m := st.Iif == pat
 	if strings.HasSuffix(pat, "*") {
-		m = strings.HasPrefix(st.iif, strings.TrimSuffix(pat, "*"))
+		m = strings.HasPrefix(st.Iif, strings.TrimSuffix(pat, "*"))
 	}
 	return m != neg, "", toks
 }
 
-func (tr *tracer) markStep(st *pktState, toks []string) (bool, string, []string) {
+func (tr *tracer) markStep(st *dptest.Branch, toks []string) (bool, string, []string) {
 	val := func(s string) uint32 {
 		n, err := strconv.ParseUint(s, 0, 32)
 		if err != nil {
@@ -307,17 +232,17 @@ func (tr *tracer) markStep(st *pktState, toks []string) (bool, string, []string)
 	}
 	switch {
 	case toks[1] == "and": // mark and X != 0
-		return st.mark&val(toks[2]) != 0, "", toks[5:]
+		return st.Mark&val(toks[2]) != 0, "", toks[5:]
 	case toks[3] == "or": // mark set mark or X
-		st.mark |= val(toks[4])
+		st.Mark |= val(toks[4])
 	default: // mark set mark xor X
-		st.mark ^= val(toks[4])
+		st.Mark ^= val(toks[4])
 	}
 	return true, "", toks[5:]
 }
 
 // exprStep handles `sel [. sel]* (vmap @m | @s | != v | v | != { ... })`.
-func (tr *tracer) exprStep(st *pktState, toks []string, depth int) (bool, string, []string) {
+func (tr *tracer) exprStep(st *dptest.Branch, toks []string, depth int) (bool, string, []string) {
 	var key []string
 	for {
 		val, n := tr.selector(st, toks)
@@ -358,19 +283,19 @@ func (tr *tracer) exprStep(st *pktState, toks []string, depth int) (bool, string
 
 // selector returns the value of one packet field (or a constant of a
 // concatenation) and how many tokens it took.
-func (tr *tracer) selector(st *pktState, toks []string) (string, int) {
+func (tr *tracer) selector(st *dptest.Branch, toks []string) (string, int) {
 	if strings.HasPrefix(toks[0], "0x") {
 		return toks[0], 1
 	}
 	switch toks[0] + " " + toks[1] {
 	case "ip saddr", "ip6 saddr":
-		return st.src.String(), 2
+		return st.Src.String(), 2
 	case "ip daddr", "ip6 daddr":
-		return st.dst.String(), 2
+		return st.Dst.String(), 2
 	case "meta l4proto":
-		return st.proto, 2
+		return st.Proto, 2
 	case "th dport":
-		return strconv.Itoa(int(st.dport)), 2
+		return strconv.Itoa(int(st.DPort)), 2
 	}
 	tr.t.Fatalf("tracer does not understand %q", strings.Join(toks, " "))
 	return "", 0
@@ -412,8 +337,4 @@ func traceOf(t testing.TB, cfg dataplane.Config, snap *model.Snapshot, fam model
 	d := render(cfg, snap.Family(fam), snap.Node)
 	local := []netip.Addr{dptest.NodeIP, dptest.NodeIP6}
 	return newTracer(t, d, local...)
-}
-
-func (r traceResult) String() string {
-	return fmt.Sprintf("%s dnat=%v masq=%v", r.verdict, r.dnat, r.masq)
 }
