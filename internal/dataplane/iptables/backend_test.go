@@ -73,6 +73,32 @@ func TestSplitSave(t *testing.T) {
 	}
 }
 
+// TestCleanupWriteIPVS: a cleanup removes upstream ipvs mode's own chains
+// and the base-chain jumps to them, not other chains.
+func TestCleanupWriteIPVS(t *testing.T) {
+	filter := parseSave(":INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:KUBE-IPVS-FILTER - [0:0]\n:KUBE-IPVS-OUT-FILTER - [0:0]\n" +
+		":KUBE-NODE-PORT - [0:0]\n:KUBE-SOURCE-RANGES-FIREWALL - [0:0]\n:CNI-FORWARD - [0:0]\n" +
+		"-A INPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-FILTER\n" +
+		"-A INPUT -m comment --comment \"kubernetes health check rules\" -j KUBE-NODE-PORT\n" +
+		"-A OUTPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-OUT-FILTER\n" +
+		"-A INPUT -j CNI-FORWARD\n-A KUBE-IPVS-FILTER -j RETURN\n")
+	w := cleanupWrite(tableFilter, filter, false)
+	if got := strings.Join(w.deletes, " "); got != "KUBE-IPVS-FILTER KUBE-IPVS-OUT-FILTER KUBE-NODE-PORT KUBE-SOURCE-RANGES-FIREWALL" {
+		t.Errorf("filter deletes %q", got)
+	}
+	if len(w.delRules) != 3 {
+		t.Errorf("filter jumps removed: %q, want the 3 to ipvs chains", w.delRules)
+	}
+	nat := parseSave(":PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-LOAD-BALANCER - [0:0]\n:KUBE-NODE-PORT - [0:0]\n" +
+		"-A PREROUTING -j KUBE-SERVICES\n-A KUBE-SERVICES -j KUBE-NODE-PORT\n-A KUBE-SERVICES -j KUBE-LOAD-BALANCER\n")
+	if got := strings.Join(cleanupWrite(tableNAT, nat, false).deletes, " "); got != "KUBE-SERVICES KUBE-LOAD-BALANCER KUBE-NODE-PORT" {
+		t.Errorf("nat deletes %q", got)
+	}
+	if isOwnedChain(tableFilter, "KUBE-IPVS-FILTER") || isOwnedChain(tableNAT, "KUBE-LOAD-BALANCER") {
+		t.Error("a sync would delete ipvs chains that base chains still jump to")
+	}
+}
+
 func TestCleanupWriteFirewall(t *testing.T) {
 	saved := parseSave(":INPUT ACCEPT [0:0]\n:KUBE-FIREWALL - [0:0]\n-A INPUT -j KUBE-FIREWALL\n-A KUBE-FIREWALL -j DROP\n")
 	if w := cleanupWrite(tableFilter, saved, false); len(w.deletes)+len(w.delRules) != 0 {

@@ -61,7 +61,7 @@ func splitSave(out string) []savedSection {
 func cleanupWrite(table string, saved *savedTable, firewall bool) *tableWrite {
 	w := &tableWrite{table: table}
 	owned := func(name string) bool {
-		return isOwnedChain(table, name) || (firewall && table == tableFilter && name == chainKubeletFirewall)
+		return isLeftoverChain(table, name) || (firewall && table == tableFilter && name == chainKubeletFirewall)
 	}
 	for _, name := range saved.order {
 		if owned(name) {

@@ -87,6 +87,25 @@ func isServiceChain(name string) bool {
 	return false
 }
 
+// isLeftoverChain reports whether a chain in table is removed by a cleanup
+// (--cleanup, or another mode's leftovers): an owned chain, or one only
+// upstream's ipvs mode makes. Syncs never delete the ipvs ones: base chains
+// jump to them, and only a cleanup removes those jumps with them.
+func isLeftoverChain(table, name string) bool {
+	if isOwnedChain(table, name) {
+		return true
+	}
+	switch name {
+	case "KUBE-NODE-PORT":
+		return table == tableNAT || table == tableFilter
+	case "KUBE-LOAD-BALANCER":
+		return table == tableNAT
+	case "KUBE-SOURCE-RANGES-FIREWALL", "KUBE-IPVS-FILTER", "KUBE-IPVS-OUT-FILTER":
+		return table == tableFilter
+	}
+	return false
+}
+
 // isOwnedChain reports whether a chain in table is one kproxy (or upstream
 // kube-proxy in iptables mode) creates and may delete.
 func isOwnedChain(table, name string) bool {
