@@ -35,6 +35,24 @@ const defaultMemoryLimit = 128 << 20
 
 var ownMemoryLimit = os.Getenv("GOMEMLIMIT") == ""
 
+// coldGCPercent is the collector's pace until the first sync is done (when
+// GOGC and GOMEMLIMIT are not set): the list decoding and the first sync
+// allocate several times the live state, and GOGC=100 would let the heap
+// reach twice that peak. Afterwards the soft limit governs. Measured at 10k
+// Services x 10 (make bench-scale, nftables): GOGC=100 peak RSS 268 MiB,
+// cold start 3.3 s, 3.7 CPU-s; 50: 233 MiB, 3.3 s, 4.4 CPU-s; 25: 211
+// MiB, 3.7 s, 4.6 CPU-s.
+const coldGCPercent = 50
+
+var ownGCPercent = os.Getenv("GOGC") == "" && ownMemoryLimit
+
+// startMemoryPolicy sets the cold-start collector pace.
+func startMemoryPolicy() {
+	if ownGCPercent {
+		debug.SetGCPercent(coldGCPercent)
+	}
+}
+
 // adaptMemoryLimit sets the soft limit to 1.5 times the live heap after each
 // sync (at least the floor): between syncs little is allocated, so the
 // collector rarely runs, and the process stays well under GOGC=100's twice
@@ -52,6 +70,9 @@ func adaptMemoryLimit() {
 	}
 	live := int64(s[0].Value.Uint64())
 	debug.SetMemoryLimit(max(defaultMemoryLimit, live+live/2))
+	if ownGCPercent {
+		debug.SetGCPercent(100)
+	}
 }
 
 // env is everything the daemon takes from the outside world; tests replace

@@ -26,6 +26,7 @@ func (d *daemon) serve(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
+	startMemoryPolicy()
 	wg.Go(func() { d.runSource(ctx) })
 	if err := d.prepare(ctx); err != nil {
 		return err
