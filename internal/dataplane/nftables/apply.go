@@ -171,7 +171,7 @@ func (st *famState) fullOps(d *desired, t *txn) {
 		t.addChain(c, true)
 	}
 	configElemOps(d.Elems, t)
-	wantChains, wantSets := map[string]bool{}, map[string]bool{}
+	wantChains := map[string]bool{}
 	prevWant := st.want
 	st.want = map[string]map[string]*elemRef{}
 	for _, id := range sortedIDs(d.Ports) {
@@ -182,16 +182,12 @@ func (st *famState) fullOps(d *desired, t *txn) {
 				st.ensureChain(c, t, st.distrust || st.suspects[c.Name])
 			}
 		}
-		for _, s := range ps.Sets {
-			if !wantSets[s.Name] {
-				wantSets[s.Name] = true
-				st.ensureSet(s, t)
-			}
-		}
 		st.addWant(ps.Elems)
 	}
 	st.markStale(st.kChains, wantChains)
-	st.markStale(st.kSets, wantSets)
+	// Ports have no sets of their own any more: port sets in the kernel
+	// are older versions' per-endpoint affinity sets.
+	st.markStale(st.kSets, nil)
 	n := 0
 	for _, m := range st.want {
 		n += len(m)
@@ -264,13 +260,6 @@ func (st *famState) ensureChain(c *chain, t *txn, rewrite bool) {
 		return
 	}
 	t.addChain(c, st.kChains[c.Name])
-}
-
-func (st *famState) ensureSet(s *set, t *txn) {
-	delete(st.stale, s.Name)
-	if !st.kSets[s.Name] {
-		t.sets = append(t.sets, op{verb: opAdd, obj: s.object()})
-	}
 }
 
 func (st *famState) addWant(elems []element) {
@@ -388,16 +377,9 @@ func sortedIDs(m map[model.PortID]*portState) []model.PortID {
 // commit records a successful transaction in the kernel mirror.
 func (st *famState) commit(t *txn) {
 	st.valid, st.distrust, st.suspects = true, false, nil
-	for _, o := range slices.Concat(t.sets, t.chains) {
-		switch obj := o.obj.(type) {
-		case *knftables.Chain:
-			if isPortObject(obj.Name) {
-				st.kChains[obj.Name] = true
-			}
-		case *knftables.Set:
-			if o.verb == opAdd && isPortObject(obj.Name) {
-				st.kSets[obj.Name] = true
-			}
+	for _, o := range t.chains {
+		if c, ok := o.obj.(*knftables.Chain); ok && isPortObject(c.Name) {
+			st.kChains[c.Name] = true
 		}
 	}
 	// The kernel now holds exactly want in every shared set.
@@ -486,10 +468,6 @@ func (st *famState) portsOf(fs *model.FamilySnapshot, svcs map[objects.Key]struc
 func (st *famState) diffPort(old, next *portState, t *txn, touched map[string]map[string]prior) {
 	keep := map[string]bool{}
 	if next != nil {
-		for _, s := range next.Sets {
-			keep[s.Name] = true
-			st.ensureSet(s, t)
-		}
 		for _, c := range next.Chains {
 			keep[c.Name] = true
 			st.ensureChain(c, t, false)
@@ -528,11 +506,6 @@ func (st *famState) diffPort(old, next *portState, t *txn, touched map[string]ma
 	for _, c := range old.Chains {
 		if !keep[c.Name] && st.kChains[c.Name] {
 			st.stale[c.Name] = st.now
-		}
-	}
-	for _, s := range old.Sets {
-		if !keep[s.Name] && st.kSets[s.Name] {
-			st.stale[s.Name] = st.now
 		}
 	}
 }

@@ -227,6 +227,25 @@ func TestApplyRestartRemovesLeftovers(t *testing.T) {
 	e.checkKernel(small)
 }
 
+// TestApplyRestartRemovesOldAffinitySets: older versions made one affinity
+// set per endpoint; after an upgrade they and the chains using them go.
+func TestApplyRestartRemovesOldAffinitySets(t *testing.T) {
+	e := newApplyEnv(t)
+	snap := featureSnapshot()
+	e.sync(snap, dataplane.SyncRequest{Full: true})
+	const oldSet, oldChain = "aff-OLD-ns/a/tcp/p/198.18.65.10/8080", "svc-OLD-ns/a/tcp/p"
+	e.k.run(t, model.IPv4, func(tx *knftables.Transaction) {
+		tx.Add(&knftables.Set{Name: oldSet, Type: "ipv4_addr", Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag}})
+		tx.Add(&knftables.Chain{Name: oldChain})
+		tx.Add(&knftables.Rule{Chain: oldChain, Rule: "ip saddr @" + oldSet + " meta l4proto tcp update @" + oldSet + " { ip saddr } dnat to 198.18.65.10:8080"})
+	})
+	e.restart()
+	e.sync(snap, dataplane.SyncRequest{Full: true})
+	e.clock.Step(2 * time.Second)
+	e.sync(snap, dataplane.SyncRequest{})
+	e.checkKernel(snap)
+}
+
 func TestApplyDriftRepair(t *testing.T) {
 	snap := featureSnapshot()
 	flushTargets := map[string]bool{}

@@ -26,11 +26,10 @@ type desired struct {
 	Ports map[model.PortID]*portState
 }
 
-// portState is what one service port contributes: its own chains and
-// affinity sets (content-addressed names), and elements of the shared maps.
+// portState is what one service port contributes: its own chains
+// (content-addressed names) and elements of the shared maps.
 type portState struct {
 	Chains []*chain
-	Sets   []*set
 	Elems  []element
 	// Blocks are the slotAlloc keys of the endpoints-map blocks it uses.
 	Blocks []string
