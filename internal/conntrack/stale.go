@@ -11,6 +11,7 @@
 package conntrack
 
 import (
+	"iter"
 	"net/netip"
 	"slices"
 
@@ -95,26 +96,19 @@ func NewPlan(prev, next *model.FamilySnapshot, full bool) *Plan {
 		// no table walk, and no work proportional to the cluster.
 		return p
 	}
-	for _, port := range next.Ports {
-		if port.Protocol == model.TCP {
+	for port, old := range withPrev(prev, next) {
+		switch {
+		case port.Protocol == model.TCP:
 			// Only un-DNATed SYNs are judged: no serving set needed.
-			if hasServing(port) && becameReachable(prevPort(prev, port.ID), port, full) {
+			if cleans(old, port, full) {
 				p.add(port, reachableTCP)
 			}
-			continue
+		case CleansProtocol(port.Protocol):
+			// Indexed even without serving endpoints (then never
+			// cleaned), so that its flows are never judged by a
+			// NodePort that happens to equal its port.
+			p.add(port, &target{serving: servingSet(port), changed: cleans(old, port, full)})
 		}
-		if !CleansProtocol(port.Protocol) {
-			continue
-		}
-		serving := servingSet(port)
-		if len(serving) == 0 {
-			// Indexed so that its flows are never judged by a NodePort
-			// that happens to equal its port; never cleaned.
-			p.add(port, &target{})
-			continue
-		}
-		changed := full || portChanged(prevPort(prev, port.ID), port)
-		p.add(port, &target{serving: serving, changed: changed})
 	}
 	return p
 }
@@ -122,41 +116,59 @@ func NewPlan(prev, next *model.FamilySnapshot, full bool) *Plan {
 // reachableTCP is the target of every TCP frontend a plan indexes.
 var reachableTCP = &target{changed: true, unnatedOnly: true}
 
-// anyCleaned reports whether a partial plan from prev to next has a frontend
-// to clean: the loop of NewPlan without building anything. Both port lists
-// are sorted by ID and unchanged ports are shared between snapshots, so a
-// merge walk with pointer comparisons finds the changed ones without a
-// lookup per port (were the order ever different, a port would only look
-// new, which makes the plan be built: more work, never a missed flow).
+// anyCleaned reports whether a partial plan from prev to next cleans any
+// frontend, without building anything.
 func anyCleaned(prev, next *model.FamilySnapshot) bool {
-	var before []*model.ServicePort
-	if prev != nil {
-		before = prev.Ports
-	}
-	j := 0
-	for _, port := range next.Ports {
-		for j < len(before) && before[j].ID.Less(port.ID) {
-			j++
-		}
-		var old *model.ServicePort
-		if j < len(before) && before[j].ID == port.ID {
-			old = before[j]
-		}
-		if old == port {
-			continue
-		}
-		switch {
-		case port.Protocol == model.TCP:
-			if hasServing(port) && becameReachable(old, port, false) {
-				return true
-			}
-		case CleansProtocol(port.Protocol):
-			if hasServing(port) && portChanged(old, port) {
-				return true
-			}
+	for port, old := range withPrev(prev, next) {
+		if old != port && cleans(old, port, false) {
+			return true
 		}
 	}
 	return false
+}
+
+// cleans reports whether a plan from old (nil: the port is new) cleans
+// port's frontends: a TCP port that became reachable (un-DNATed SYNs only),
+// or a UDP or SCTP port whose frontends or serving endpoints changed (every
+// one in a full plan); never a port without a serving endpoint.
+func cleans(old, port *model.ServicePort, full bool) bool {
+	if !hasServing(port) {
+		return false
+	}
+	switch {
+	case port.Protocol == model.TCP:
+		return becameReachable(old, port, full)
+	case CleansProtocol(port.Protocol):
+		return full || portChanged(old, port)
+	}
+	return false
+}
+
+// withPrev yields each port of next with its version in prev (nil when
+// new). Both lists are sorted by ID and unchanged ports are shared between
+// snapshots, so a merge walk finds them without a lookup per port (were the
+// order ever different, a port would only look new, which makes the plan be
+// built: more work, never a missed flow).
+func withPrev(prev, next *model.FamilySnapshot) iter.Seq2[*model.ServicePort, *model.ServicePort] {
+	return func(yield func(port, old *model.ServicePort) bool) {
+		var before []*model.ServicePort
+		if prev != nil {
+			before = prev.Ports
+		}
+		j := 0
+		for _, port := range next.Ports {
+			for j < len(before) && before[j].ID.Less(port.ID) {
+				j++
+			}
+			var old *model.ServicePort
+			if j < len(before) && before[j].ID == port.ID {
+				old = before[j]
+			}
+			if !yield(port, old) {
+				return
+			}
+		}
+	}
 }
 
 func hasServing(port *model.ServicePort) bool {
@@ -166,13 +178,6 @@ func hasServing(port *model.ServicePort) bool {
 		}
 	}
 	return false
-}
-
-func prevPort(prev *model.FamilySnapshot, id model.PortID) *model.ServicePort {
-	if prev == nil {
-		return nil
-	}
-	return prev.ByID[id]
 }
 
 // add indexes every frontend of port.
@@ -219,8 +224,7 @@ func portChanged(old, next *model.ServicePort) bool {
 	if old == nil {
 		return true
 	}
-	if old.Port != next.Port || old.NodePort != next.NodePort || old.ClusterIP != next.ClusterIP ||
-		!slices.Equal(old.ExternalIPs, next.ExternalIPs) || !slices.Equal(old.LoadBalancerIPs, next.LoadBalancerIPs) {
+	if frontendsMoved(old, next) {
 		return true
 	}
 	oldSet, nextSet := servingSet(old), servingSet(next)
@@ -245,11 +249,14 @@ func becameReachable(old, next *model.ServicePort, full bool) bool {
 	if old == next {
 		return false
 	}
-	if old.Port != next.Port || old.NodePort != next.NodePort || old.ClusterIP != next.ClusterIP ||
-		!slices.Equal(old.ExternalIPs, next.ExternalIPs) || !slices.Equal(old.LoadBalancerIPs, next.LoadBalancerIPs) {
-		return true
-	}
-	return len(servingSet(old)) == 0
+	return frontendsMoved(old, next) || !hasServing(old)
+}
+
+// frontendsMoved reports whether a port's frontends differ between two
+// versions.
+func frontendsMoved(old, next *model.ServicePort) bool {
+	return old.Port != next.Port || old.NodePort != next.NodePort || old.ClusterIP != next.ClusterIP ||
+		!slices.Equal(old.ExternalIPs, next.ExternalIPs) || !slices.Equal(old.LoadBalancerIPs, next.LoadBalancerIPs)
 }
 
 // Empty reports whether the plan can match no flow, so the table need not be
