@@ -5,13 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"k8s.io/component-base/metrics/prometheus/slis"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"time"
 
 	k8smetrics "k8s.io/component-base/metrics"
+	"k8s.io/component-base/metrics/prometheus/slis"
 	"k8s.io/klog/v2"
 )
 
