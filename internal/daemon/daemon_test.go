@@ -32,6 +32,21 @@ func testOptions() *config.Options {
 	}}
 }
 
+// runInBackground runs the daemon with testOptions and e until the test
+// ends; the test then fails if run returned an error.
+func runInBackground(t *testing.T, e env) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, testOptions(), e) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run() = %v", err)
+		}
+	})
+}
+
 // testEnv wires fakes into every outside dependency.
 func testEnv(inputs InputsFunc, dp *fakeDataplane) env {
 	e := defaultEnv()
@@ -92,15 +107,7 @@ func TestServeSyncLifecycle(t *testing.T) {
 		close(built)
 		return Inputs{Source: blockingSource{}, Tracker: tr, NodeExpected: true}, nil
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, testOptions(), testEnv(inputs, dp)) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run() = %v", err)
-		}
-	})
+	runInBackground(t, testEnv(inputs, dp))
 
 	<-built
 	// Not synced: the runner keeps polling Synced and never syncs.

@@ -62,15 +62,7 @@ func TestLeftoversRemovedAfterFirstSync(t *testing.T) {
 	}
 	e.ipvsCleanup = func(context.Context) error { log.add("cleanup ipvs"); return nil }
 	e.firewallCleanup = func(context.Context) error { log.add("cleanup firewall"); return nil }
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, testOptions(), e) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run() = %v", err)
-		}
-	})
+	runInBackground(t, e)
 
 	if c := nextSync(t, dp); c.err == nil {
 		t.Fatal("injected failure did not happen")
@@ -157,10 +149,7 @@ func TestChangeObserverWired(t *testing.T) {
 	e := testEnv(inputs, dp)
 	counter := &changeCounter{}
 	e.servers = func(ServerParams) ([]Server, []Observer, error) { return nil, []Observer{counter}, nil }
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, testOptions(), e) }()
-	defer func() { cancel(); <-done }()
+	runInBackground(t, e)
 	select {
 	case o := <-got:
 		o.ServiceChanged(1)

@@ -65,15 +65,7 @@ func TestServeServiceCIDRs(t *testing.T) {
 	}
 	e := testEnv(inputs, dp.fakeDataplane)
 	e.dataplanes[ModeNFTables] = func(dataplane.Config) (dataplane.Dataplane, error) { return dp, nil }
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, testOptions(), e) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run() = %v", err)
-		}
-	})
+	runInBackground(t, e)
 
 	nextSync(t, dp.fakeDataplane)
 	tr.putService(svcObj("web")) // ranges unchanged: not handed again
