@@ -102,10 +102,10 @@ func addLocalAddr(t *testing.T, node *netbed.Node, addr netip.Addr) {
 
 // testLoadBalancerSourceRanges: the client's first address is in
 // loadBalancerSourceRanges and is answered; its second address is not and
-// is dropped; the first is answered again afterwards. TestFeatures makes the
-// client ignore redirects: in iptables mode the out-of-range packet is
-// forwarded back towards the on-link LB IP before filter drops it, and the
-// node's ICMPv6 redirect would otherwise misroute the client (see
+// is dropped; the first is answered again afterwards. The client ignores
+// redirects (netbed): in iptables mode the out-of-range packet is forwarded
+// back towards the on-link LB IP before filter drops it, and the node's
+// ICMPv6 redirect would otherwise misroute the client (see
 // redirects_test.go).
 func testLoadBalancerSourceRanges(t *testing.T, b *fbed, f family) {
 	in4, in6 := b.clientAddr(family{}), b.clientAddr(family{v6: true})

@@ -15,7 +15,6 @@ func TestFeatures(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			b := &fbed{cluster: newCluster(t, mode), top: t}
 			b.ensureClient2(t)
-			b.ignoreRedirects(t) // bed-wide, so no case depends on the order (redirects_test.go)
 			for _, f := range families {
 				t.Run(f.name, func(t *testing.T) {
 					for _, tc := range featureCases {

@@ -6,7 +6,6 @@ import (
 	"context"
 	"net/netip"
 	"strings"
-	"testing"
 
 	"github.com/kproxy/kproxy/test/testbed/netbed"
 )
@@ -26,26 +25,9 @@ import (
 // at prerouting, before the routing decision, so no redirect is sent. An
 // IPv4 redirect is sent too but discarded by the client, since its new
 // gateway is not on the client's subnet. A real external client sits behind
-// a router that ignores redirects, so the client ignores them here.
-
-// ignoreRedirects makes the client namespace ignore ICMP and ICMPv6
-// redirects and forgets any route a redirect already cached there.
-func (b *fbed) ignoreRedirects(t *testing.T) {
-	t.Helper()
-	c := b.bed.Client()
-	for _, fam := range []string{"ipv4", "ipv6"} {
-		for _, dev := range []string{"all", "default", "eth0"} {
-			if err := c.Sysctl("net."+fam+".conf."+dev+".accept_redirects", "0"); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	for _, fam := range []string{"-4", "-6"} {
-		if _, err := c.IP(context.Background(), fam, "route", "flush", "cache"); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
+// a router that ignores redirects, so netbed makes every client namespace
+// ignore them (clientSysctls); redirectState shows the routing state when
+// the case fails anyway.
 
 // redirectState describes, for failure messages, how the client ns routes
 // src -> dst (a route cached from a redirect shows as "dst dev eth0"), its

@@ -217,6 +217,18 @@ func (b *Bed) routeNode(ctx context.Context, n *Node) error {
 	return runIP(ctx, cmds)
 }
 
+// clientSysctls make a client behave like a host behind a router: it
+// ignores ICMP redirects. It shares the node segment and reaches Service
+// addresses by static routes via a node, and a node that forwards a packet
+// back out the same link (e.g. an out-of-range loadBalancerSourceRanges
+// source in iptables mode, dropped only later in FORWARD) would otherwise
+// redirect it to an on-link address nobody answers for (see
+// test/e2e/redirects_test.go).
+var clientSysctls = [][2]string{
+	{"net.ipv4.conf.all.accept_redirects", "0"}, {"net.ipv4.conf.default.accept_redirects", "0"},
+	{"net.ipv6.conf.all.accept_redirects", "0"}, {"net.ipv6.conf.default.accept_redirects", "0"},
+}
+
 func (b *Bed) upClients(ctx context.Context) error {
 	for i, spec := range b.opts.Layout.Clients {
 		ns, err := b.newNetns(ctx, spec.Name)
@@ -224,6 +236,11 @@ func (b *Bed) upClients(ctx context.Context) error {
 			return err
 		}
 		b.clients = append(b.clients, ns)
+		for _, kv := range clientSysctls {
+			if err := ns.Sysctl(kv[0], kv[1]); err != nil {
+				return err
+			}
+		}
 		if err := b.attach(ctx, ns, "vc"+strconv.Itoa(i), spec.IP4, spec.IP6); err != nil {
 			return fmt.Errorf("netbed: client %s: %w", spec.Name, err)
 		}
