@@ -145,8 +145,9 @@ func tail(s string, lines int) string {
 }
 
 // kernelServiceIPs returns which of want appear in the proxy's dispatch
-// state in the kernel: the service-ips and no-endpoint-services maps
-// (nftables), or every iptables table.
+// state in the kernel: the service-ips map and the set (kproxy) or map
+// (upstream) of Services without endpoints (nftables), or every iptables
+// table.
 func (r *runBed) kernelServiceIPs(ctx context.Context, c config, want map[netip.Addr]bool) (int, error) {
 	var dumps []string
 	if c.mode == "iptables" {
@@ -156,12 +157,12 @@ func (r *runBed) kernelServiceIPs(ctx context.Context, c config, want map[netip.
 		}
 		dumps = append(dumps, out)
 	} else {
-		table := "kproxy"
+		table, objs := "kproxy", [][2]string{{"map", "service-ips"}, {"set", "services-no-endpoints"}}
 		if c.proxy == "upstream" {
-			table = "kube-proxy"
+			table, objs = "kube-proxy", [][2]string{{"map", "service-ips"}, {"map", "no-endpoint-services"}}
 		}
-		for _, m := range []string{"service-ips", "no-endpoint-services"} {
-			out, err := r.node.Run(ctx, "nft", "list", "map", "ip", table, m)
+		for _, o := range objs {
+			out, err := r.node.Run(ctx, "nft", "list", o[0], "ip", table, o[1])
 			if err != nil {
 				return 0, err
 			}

@@ -75,10 +75,17 @@ var sharedSets = func() []*set {
 	return out
 }()
 
+// sharedMaps names the shared sets that are maps.
+var sharedMaps = func() map[string]bool {
+	out := map[string]bool{}
+	for _, s := range sharedSets {
+		out[s.Name] = s.IsMap
+	}
+	return out
+}()
+
 // isMapName reports whether a shared set is a map.
-func isMapName(name string) bool {
-	return strings.HasPrefix(name, mapEndpoints) || (name != setClusterIPs && name != setHairpin && !isConfigSet(name))
-}
+func isMapName(name string) bool { return sharedMaps[name] }
 
 func newFamState(fam model.Family, k kernel) *famState {
 	return &famState{fam: fam, kern: k, stale: map[string]time.Time{}}
@@ -120,6 +127,10 @@ func (st *famState) sync(ctx context.Context, cfg dataplane.Config, fs *model.Fa
 	} else {
 		st.prepareIncremental(fs, req, &t)
 		st.refreshServiceCIDRs(cfg, &t)
+	}
+	if st.r != nil && len(st.r.full) > 0 {
+		logger.Error(nil, "No room left in the endpoint-ranges maps; these Service ports reject traffic", "family", st.fam, "ports", st.r.full[:min(10, len(st.r.full))], "count", len(st.r.full))
+		st.r.full = nil
 	}
 	if err == nil {
 		ops := t.ops()
@@ -186,7 +197,8 @@ func (st *famState) fullOps(d *desired, t *txn) {
 	}
 	st.markStale(st.kChains, wantChains)
 	// Ports have no sets of their own any more: port sets in the kernel
-	// are older versions' per-endpoint affinity sets.
+	// are older versions' per-endpoint affinity sets, like fixed sets that
+	// are no longer rendered.
 	st.markStale(st.kSets, nil)
 	n := 0
 	for _, m := range st.want {
@@ -519,6 +531,11 @@ func (st *famState) readKernel(ctx context.Context) error {
 	st.slots = newSlotAlloc()
 	defer st.slots.compact()
 	present := map[string]bool{}
+	fixed := newRenderer(dataplane.Config{}, st.fam, model.NodeInfo{}).fixedSets()
+	isFixedSet := map[string]bool{}
+	for _, s := range fixed {
+		isFixedSet[s.Name] = true
+	}
 	for _, typ := range []string{"chain", "set", "map"} {
 		names, err := st.kern.List(ctx, typ)
 		if err != nil {
@@ -526,19 +543,24 @@ func (st *famState) readKernel(ctx context.Context) error {
 		}
 		for _, n := range names {
 			switch {
+			case typ != "chain" && !isPortObject(n) && !isFixedSet[n]:
+				// An older version's fixed set or map (its
+				// endpoints or no-endpoint maps): deleted once the
+				// chains that refer to it are gone.
+				st.kSets[n] = true
 			case !isPortObject(n):
 				present[n] = true
 			case typ == "chain":
 				st.kChains[n] = true
-				if key, b, ok := parseBlockName(n); ok {
-					st.slots.reserve(key, b)
+				if key, proto, index, ok := parseBlockName(n); ok {
+					st.slots.reserve(key, proto, index)
 				}
 			default:
 				st.kSets[n] = true
 			}
 		}
 	}
-	for _, s := range newRenderer(dataplane.Config{}, st.fam, model.NodeInfo{}).fixedSets() {
+	for _, s := range fixed {
 		if present[s.Name] && !isConfigSet(s.Name) && !isDynamicSet(s.Name) {
 			if err := st.readElems(ctx, s); err != nil {
 				return err

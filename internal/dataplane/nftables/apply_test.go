@@ -160,8 +160,8 @@ func TestApplyIncrementalSendsOnlyChanges(t *testing.T) {
 	if n := strings.Count(tx, "\n"); n > 8 {
 		t.Errorf("incremental transaction has %d operations, want a handful:\n%s", n, tx)
 	}
-	// Same endpoint count: only elements of the endpoints map change.
-	for _, want := range []string{"delete element ip kproxy endpoints", "add element ip kproxy endpoints", "198.18.65.12 . 8080"} {
+	// Same endpoint count: only elements of the endpoint-ranges map change.
+	for _, want := range []string{"delete element ip kproxy endpoint-ranges-", "add element ip kproxy endpoint-ranges-", "198.18.65.12 . 8080"} {
 		if !strings.Contains(tx, want) {
 			t.Errorf("transaction lacks %q:\n%s", want, tx)
 		}
@@ -174,16 +174,34 @@ func TestApplyIncrementalSendsOnlyChanges(t *testing.T) {
 	e.sync(next, dataplane.SyncRequest{})
 	e.checkKernel(next)
 
-	// A different endpoint count needs a new chain (new modulus).
-	two := dptest.Svc("ns", "cluster", "198.19.0.10", 80, dptest.WithEPs(dptest.EP("198.18.65.10", 8080, false), dptest.EP("198.18.65.11", 8080, false)))
-	for i, sp := range next.V4.Ports {
-		if sp.ID == two.ID {
-			next.V4.Ports[i], next.V4.ByID[two.ID] = two, two
+	// A different endpoint count, none at all, and one again: still
+	// elements only (the block is split anew; with none the port is in
+	// the reject set), never a chain, a rule or a goto element.
+	for _, step := range []struct {
+		eps  []*model.Endpoint
+		want []string
+	}{
+		{[]*model.Endpoint{dptest.EP("198.18.65.10", 8080, false), dptest.EP("198.18.65.11", 8080, false)}, []string{"524288-1048575 : 198.18.65.11 . 8080"}},
+		{nil, []string{"add element ip kproxy services-no-endpoints { 198.19.0.10 . tcp . 80 }"}},
+		{[]*model.Endpoint{dptest.EP("198.18.65.13", 8080, false)}, []string{"delete element ip kproxy services-no-endpoints", "198.18.65.13 . 8080"}},
+	} {
+		svc := dptest.Svc("ns", "cluster", "198.19.0.10", 80, dptest.WithEPs(step.eps...))
+		for i, sp := range next.V4.Ports {
+			if sp.ID == svc.ID {
+				next.V4.Ports[i], next.V4.ByID[svc.ID] = svc, svc
+			}
 		}
-	}
-	e.sync(next, dataplane.SyncRequest{Changed: map[objects.Key]struct{}{two.ID.Service(): {}}})
-	if tx := e.k.lastTx(model.IPv4); !strings.Contains(tx, "numgen random mod 2") {
-		t.Errorf("endpoint count change did not write a new chain:\n%s", tx)
+		e.sync(next, dataplane.SyncRequest{Changed: map[objects.Key]struct{}{svc.ID.Service(): {}}})
+		tx := e.k.lastTx(model.IPv4)
+		for _, want := range step.want {
+			if !strings.Contains(tx, want) {
+				t.Errorf("%d endpoints: transaction lacks %q:\n%s", len(step.eps), want, tx)
+			}
+		}
+		if strings.Contains(tx, "chain") || strings.Contains(tx, "rule") || strings.Contains(tx, "goto") {
+			t.Errorf("%d endpoints: transaction touches chains, rules or verdicts:\n%s", len(step.eps), tx)
+		}
+		e.checkKernel(next)
 	}
 	e.clock.Step(2 * time.Second)
 	e.sync(next, dataplane.SyncRequest{Changed: map[objects.Key]struct{}{}})

@@ -1,34 +1,95 @@
 package nftables
 
-import "testing"
+import (
+	"strconv"
+	"strings"
+	"testing"
+)
 
 func TestSlotAlloc(t *testing.T) {
 	a := newSlotAlloc()
-	b1 := a.get("svc a", 3) // size 4
-	b2 := a.get("svc b", 1)
-	if b1.size != 4 || b2.base != b1.base+4 {
+	b1, ok1 := a.get("svc ns/a/tcp/p", "tcp")
+	b2, ok2 := a.get("svc ns/b/tcp/p", "tcp")
+	if !ok1 || !ok2 || b1 == b2 {
 		t.Fatalf("blocks %v %v", b1, b2)
 	}
-	if again := a.get("svc a", 4); again != b1 {
-		t.Errorf("a block that still fits moved: %v -> %v", b1, again)
+	if again, _ := a.get("svc ns/a/tcp/p", "tcp"); again != b1 {
+		t.Errorf("a chain's block moved: %v -> %v", b1, again)
 	}
-	grown := a.get("svc a", 5)
-	if grown.size != 8 || grown == b1 {
-		t.Errorf("grown block %v", grown)
+	a.release("svc ns/a/tcp/p")
+	// A key hashing to the same map reuses the freed block.
+	for i := range 1000 {
+		key := "svc ns/c" + strconv.Itoa(i) + "/tcp/p"
+		if shardOf(key, "tcp") != b1.shard {
+			continue
+		}
+		if reused, _ := a.get(key, "tcp"); reused != b1 {
+			t.Errorf("freed block not reused: got %v want %v", reused, b1)
+		}
+		break
 	}
-	if reused := a.get("svc c", 4); reused != b1 {
-		t.Errorf("freed block not reused: got %v want %v", reused, b1)
+	key, proto, index, ok := parseBlockName("svc-ABCDEFGHIJ-ns/name/tcp/p" + blockSuffix(block{index: 77}))
+	if !ok || key != "svc ns/name/tcp/p" || proto != "tcp" || index != 77 {
+		t.Errorf("parseBlockName = %q %q %d %v", key, proto, index, ok)
 	}
-	key, b, ok := parseBlockName("svc-ABCDEFGHIJ-ns/name/tcp/p" + blockSuffix(grown))
-	if !ok || key != "svc ns/name/tcp/p" || b != grown {
-		t.Errorf("parseBlockName = %q %v %v", key, b, ok)
+	if _, _, _, ok := parseBlockName("svc-ABCDEFGHIJ-ns/name/tcp/p/1.4"); ok {
+		t.Error("an older version's block name parsed")
 	}
 	r := newSlotAlloc()
-	if !r.reserve("svc x", block{base: 9, size: 4}) || r.reserve("svc y", block{base: 10, size: 2}) {
-		t.Error("overlapping reservation accepted or valid one refused")
+	if !r.reserve("svc ns/x/tcp/p", "tcp", 9) || r.reserve("svc ns/x/tcp/p", "tcp", 3) || r.reserve("svc ns/y/tcp/p", "tcp", blocksPerShard) {
+		t.Error("duplicate or out-of-range reservation accepted, or a valid one refused")
 	}
 	r.compact()
-	if got := r.get("svc z", 1); got.base >= 9 {
-		t.Errorf("compact did not free the gap below the reservation: %v", got)
+	key = "svc ns/z/tcp/p"
+	shard := shardOf(key, "tcp")
+	if got, _ := r.get(key, "tcp"); shard == shardOf("svc ns/x/tcp/p", "tcp") && got.index >= 9 {
+		t.Errorf("compact did not free the indexes below the reservation: %v", got)
+	}
+}
+
+func TestSlotAllocFull(t *testing.T) {
+	a := newSlotAlloc()
+	shard := shardOf("svc ns/s/tcp/p", "tcp")
+	a.next[shard] = blocksPerShard
+	if _, ok := a.get("svc ns/s/tcp/p", "tcp"); ok {
+		t.Error("a block was handed out of a full map")
+	}
+}
+
+func TestBlockRanges(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 7, 10, 1000} {
+		b := block{index: 4095} // the last block: ranges end at the top of the key space
+		rs := blockRanges(b, n)
+		next := uint64(b.offset())
+		minSize, maxSize := uint64(blockSpan), uint64(0)
+		for _, r := range rs {
+			first, last, err := parseRange(r)
+			if err != nil || uint64(first) != next {
+				t.Fatalf("n=%d: range %q does not start at %d (%v)", n, r, next, err)
+			}
+			size := uint64(last) - uint64(first) + 1
+			minSize, maxSize = min(minSize, size), max(maxSize, size)
+			next = uint64(last) + 1
+		}
+		if next != uint64(b.offset())+blockSpan || maxSize-minSize > 1 {
+			t.Errorf("n=%d: ranges %s… cover up to %d, sizes %d..%d", n, strings.Join(rs[:min(3, n)], " "), next, minSize, maxSize)
+		}
+	}
+}
+
+func TestPairRanges(t *testing.T) {
+	edges := []rangeEdge{
+		{key: 20, end: true}, {key: 10, value: "b"}, {key: 0, value: "a"},
+		{key: 10, end: true}, {key: 4294967290, value: "c"},
+	}
+	got := pairRanges(edges)
+	want := map[string]string{"0-9": "a", "10-19": "b", "4294967290-4294967295": "c"}
+	if len(got) != len(want) {
+		t.Fatalf("pairRanges = %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("pairRanges[%q] = %q, want %q (all: %v)", k, got[k], v, got)
+		}
 	}
 }

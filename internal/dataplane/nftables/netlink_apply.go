@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -159,6 +160,9 @@ func (t *nlTxn) element(verb opVerb, e element) error {
 // The encoded bytes are appended to scratch (the caller copies them).
 func encodeElem(dst []nlElem, scratch []byte, s *set, verb opVerb, e element) ([]nlElem, error) {
 	fields, dataFields := s.fields()
+	if slices.Contains(s.Flags, knftables.IntervalFlag) && fields[0] == "numgen" {
+		return encodeRangeElem(dst, scratch, dataFields, verb, e)
+	}
 	if slices.Contains(s.Flags, knftables.IntervalFlag) {
 		p, err := netip.ParsePrefix(e.Key[0])
 		if err != nil {
@@ -183,6 +187,44 @@ func encodeElem(dst []nlElem, scratch []byte, s *set, verb opVerb, e element) ([
 		el.verdict, err = parseVerdict(strings.Join(e.Value, " "))
 	}
 	return append(dst, el), err
+}
+
+// encodeRangeElem encodes an endpoint-ranges element "first-last": the
+// first key with the data, and the key after the last one flagged as the
+// end (none when the range reaches the top of the key space). Keys are big
+// endian, as the rule's byteorder conversion makes the numgen value.
+func encodeRangeElem(dst []nlElem, scratch []byte, dataFields []string, verb opVerb, e element) ([]nlElem, error) {
+	first, last, err := parseRange(e.Key[0])
+	if err != nil {
+		return nil, err
+	}
+	key := binary.BigEndian.AppendUint32(scratch, first)
+	el := nlElem{key: key}
+	if verb != opDelete {
+		if el.data, err = appendKey(key[len(key):], dataFields, e.Value); err != nil {
+			return nil, err
+		}
+	}
+	dst = append(dst, el)
+	if last == math.MaxUint32 {
+		return dst, nil
+	}
+	rest := key[len(key):]
+	if el.data != nil {
+		rest = el.data[len(el.data):]
+	}
+	return append(dst, nlElem{key: binary.BigEndian.AppendUint32(rest, last+1), intervalEnd: true}), nil
+}
+
+// parseRange reads an interval key "first-last" of 32-bit numbers.
+func parseRange(s string) (first, last uint32, err error) {
+	a, b, ok := strings.Cut(s, "-")
+	x, err1 := strconv.ParseUint(a, 10, 32)
+	y, err2 := strconv.ParseUint(b, 10, 32)
+	if !ok || err1 != nil || err2 != nil || x > y {
+		return 0, 0, fmt.Errorf("bad range %q", s)
+	}
+	return uint32(x), uint32(y), nil
 }
 
 // deref returns *p, or the zero value for nil.

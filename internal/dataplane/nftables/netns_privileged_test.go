@@ -420,7 +420,7 @@ func TestPrivilegedDriftMonitor(t *testing.T) {
 	}{
 		{"service chain flushed", []string{"flush", "chain", "ip", DefaultTableName, svcChain}},
 		{"service-ips flushed", []string{"flush", "map", "ip", DefaultTableName, mapServiceIPs}},
-		{"endpoints map flushed", []string{"flush", "map", "ip", DefaultTableName, "endpoints-tcp-" + strings.Split(strings.Split(p.fams[model.IPv4].cur.Ports[snap.V4.Ports[0].ID].Chains[0].Rules[0], "@endpoints-tcp-")[1], " ")[0]}},
+		{"endpoint-ranges map flushed", []string{"flush", "map", "ip", DefaultTableName, "endpoint-ranges-tcp-" + strings.Split(strings.Split(p.fams[model.IPv4].cur.Ports[snap.V4.Ports[0].ID].Chains[0].Rules[0], "@endpoint-ranges-tcp-")[1], " ")[0]}},
 	}
 	for _, b := range breakages {
 		nft(b.do...)

@@ -1,12 +1,17 @@
 package nftables
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
+	"math"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+	"sigs.k8s.io/knftables"
 )
 
 // This file reads the kernel with raw netlink dumps, decoding replies in
@@ -92,25 +97,34 @@ func attr(b []byte, typ uint16) []byte {
 // as render formats them (fields joined by " . ", verdicts as "goto X").
 func (n *netlinkReader) elementMap(s *set) (map[string]string, error) {
 	fields, dataFields := s.fields()
+	if slices.Contains(s.Flags, knftables.IntervalFlag) && fields[0] == "numgen" {
+		return n.rangeMap(s, dataFields)
+	}
 	out := map[string]string{}
 	var decodeErr error
-	err := n.dump(unix.NFT_MSG_GETSETELEM, func(b *nlBatch) {
-		b.attr(unix.NFTA_SET_ELEM_LIST_TABLE, cstr(b.table))
-		b.attr(unix.NFTA_SET_ELEM_LIST_SET, cstr(s.Name))
-	}, func(attrs []byte) error {
-		eachAttr(attr(attrs, unix.NFTA_SET_ELEM_LIST_ELEMENTS), func(_ uint16, el []byte) {
-			k, v, err := decodeElem(fields, dataFields, s.IsMap, el)
-			if err != nil && decodeErr == nil {
-				decodeErr = fmt.Errorf("element of %s: %w", s.Name, err)
-			}
-			out[k] = v
-		})
-		return nil
+	err := n.eachElement(s, func(el []byte) {
+		k, v, err := decodeElem(fields, dataFields, s.IsMap, el)
+		if err != nil && decodeErr == nil {
+			decodeErr = fmt.Errorf("element of %s: %w", s.Name, err)
+		}
+		out[k] = v
 	})
 	if err != nil {
 		return nil, err
 	}
 	return out, decodeErr
+}
+
+// eachElement dumps the elements of s, calling fn with each one's
+// attributes.
+func (n *netlinkReader) eachElement(s *set, fn func(el []byte)) error {
+	return n.dump(unix.NFT_MSG_GETSETELEM, func(b *nlBatch) {
+		b.attr(unix.NFTA_SET_ELEM_LIST_TABLE, cstr(b.table))
+		b.attr(unix.NFTA_SET_ELEM_LIST_SET, cstr(s.Name))
+	}, func(attrs []byte) error {
+		eachAttr(attr(attrs, unix.NFTA_SET_ELEM_LIST_ELEMENTS), func(_ uint16, el []byte) { fn(el) })
+		return nil
+	})
 }
 
 func decodeElem(fields, dataFields []string, isMap bool, el []byte) (string, string, error) {
@@ -139,4 +153,78 @@ func (n *netlinkReader) chainNames() ([]string, error) {
 		return nil
 	})
 	return names, err
+}
+
+// rangeEdge is one element of an endpoint-ranges map as the kernel lists
+// it: the start of a range (with its data) or the key after its end.
+type rangeEdge struct {
+	key   uint32
+	end   bool
+	value string
+}
+
+// rangeMap returns the elements of an endpoint-ranges map as
+// "first-last" -> value, pairing each range start with the end after it.
+func (n *netlinkReader) rangeMap(s *set, dataFields []string) (map[string]string, error) {
+	var edges []rangeEdge
+	var decodeErr error
+	err := n.eachElement(s, func(el []byte) {
+		e, err := decodeRangeEdge(dataFields, el)
+		if err != nil && decodeErr == nil {
+			decodeErr = fmt.Errorf("element of %s: %w", s.Name, err)
+		}
+		edges = append(edges, e)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return pairRanges(edges), decodeErr
+}
+
+func decodeRangeEdge(dataFields []string, el []byte) (rangeEdge, error) {
+	key := attr(attr(el, unix.NFTA_SET_ELEM_KEY), unix.NFTA_DATA_VALUE)
+	if len(key) != 4 {
+		return rangeEdge{}, fmt.Errorf("range key of %d bytes", len(key))
+	}
+	e := rangeEdge{key: binary.BigEndian.Uint32(key)}
+	if f := attr(el, unix.NFTA_SET_ELEM_FLAGS); len(f) == 4 && binary.BigEndian.Uint32(f)&unix.NFT_SET_ELEM_INTERVAL_END != 0 {
+		e.end = true
+		return e, nil
+	}
+	val, err := decodeKey(dataFields, attr(attr(el, unix.NFTA_SET_ELEM_DATA), unix.NFTA_DATA_VALUE))
+	e.value = strings.Join(val, " ")
+	return e, err
+}
+
+// pairRanges turns range starts and ends (any order) into "first-last"
+// keys: each start runs to the next edge (an end, or a start that
+// directly follows it), or to the top of the key space.
+func pairRanges(edges []rangeEdge) map[string]string {
+	slices.SortFunc(edges, func(a, b rangeEdge) int {
+		if c := cmp.Compare(a.key, b.key); c != 0 {
+			return c
+		}
+		if a.end == b.end {
+			return 0
+		}
+		if a.end {
+			return -1 // an end closes the range before a start opens the next
+		}
+		return 1
+	})
+	out := make(map[string]string, len(edges)/2)
+	for i, e := range edges {
+		if e.end {
+			continue
+		}
+		last := uint64(math.MaxUint32)
+		if i+1 < len(edges) {
+			if edges[i+1].key == e.key {
+				continue // not a range kproxy wrote; the diff replaces it
+			}
+			last = uint64(edges[i+1].key) - 1
+		}
+		out[strconv.FormatUint(uint64(e.key), 10)+"-"+strconv.FormatUint(last, 10)] = e.value
+	}
+	return out
 }

@@ -331,7 +331,7 @@ func (n *netlinkReader) dnat(target string) ([]expr.Any, int, error) {
 	}, 3, nil
 }
 
-// mappedDNAT is `dnat ip to numgen random mod M offset B map @endpoints`:
+// mappedDNAT is `dnat ip to numgen random mod M offset B map @endpoint-ranges-…`:
 // the map's data (address . port) fills a register pair.
 func (n *netlinkReader) mappedDNAT(mod, offset, setRef string) ([]expr.Any, int, error) {
 	m, err1 := strconv.ParseUint(mod, 10, 32)
@@ -345,6 +345,8 @@ func (n *netlinkReader) mappedDNAT(mod, offset, setRef string) ([]expr.Any, int,
 	}
 	return []expr.Any{
 		&expr.Numgen{Register: 1, Modulus: uint32(m), Type: unix.NFT_NG_RANDOM, Offset: uint32(b)},
+		// The map's keys are ranges, compared as big-endian bytes.
+		&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 4, Size: 4},
 		&expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true, SetName: setRef[1:]},
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam, RegAddrMin: 1, RegProtoMin: protoReg},
 	}, 11, nil

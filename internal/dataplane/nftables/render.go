@@ -23,24 +23,29 @@ const (
 	chainNATOutput               = "nat-output"
 	chainNATPostrouting          = "nat-postrouting"
 
-	chainServices         = "services"
-	chainMasquerading     = "masquerading"
-	chainFirewallCheck    = "firewall-check"
-	chainServiceEPCheck   = "service-endpoints-check"
-	chainNodePortEPCheck  = "nodeport-endpoints-check"
-	chainClusterIPsCheck  = "cluster-ips-check"
-	chainReject           = "reject-chain"
-	mapServiceIPs         = "service-ips"
-	mapServiceNodePorts   = "service-nodeports"
-	mapNoEndpointServices = "no-endpoint-services"
-	mapNoEndpointNodePort = "no-endpoint-nodeports"
-	mapFirewallIPs        = "firewall-ips"
-	setClusterIPs         = "cluster-ips"
-	setNodePortIPs        = "nodeport-ips"
-	setServiceCIDRs       = "service-cidrs"
-	setHairpin            = "hairpin-connections"
-	mapEndpoints          = "endpoints"
-	setAffinity           = "affinity"
+	chainServices        = "services"
+	chainMasquerading    = "masquerading"
+	chainFirewallCheck   = "firewall-check"
+	chainServiceEPCheck  = "service-endpoints-check"
+	chainNodePortEPCheck = "nodeport-endpoints-check"
+	chainClusterIPsCheck = "cluster-ips-check"
+	chainReject          = "reject-chain"
+	mapServiceIPs        = "service-ips"
+	mapServiceNodePorts  = "service-nodeports"
+	// Frontends without endpoints: sets, not a verdict map, so that an
+	// endpoint change never adds a goto element (which makes the kernel
+	// re-validate the whole table).
+	setServicesNoEndpoints  = "services-no-endpoints"
+	setServicesNoLocal      = "services-no-local-endpoints"
+	setNodePortsNoEndpoints = "nodeports-no-endpoints"
+	setNodePortsNoLocal     = "nodeports-no-local-endpoints"
+	mapFirewallIPs          = "firewall-ips"
+	setClusterIPs           = "cluster-ips"
+	setNodePortIPs          = "nodeport-ips"
+	setServiceCIDRs         = "service-cidrs"
+	setHairpin              = "hairpin-connections"
+	mapEndpoints            = "endpoint-ranges"
+	setAffinity             = "affinity"
 )
 
 // baseChains are the hooked chains; Drifted checks that they all exist.
@@ -79,8 +84,10 @@ type renderer struct {
 	nodePortCIDRs []netip.Prefix
 	// serviceCIDRs are this family's service IP ranges (non-overlapping).
 	serviceCIDRs []netip.Prefix
-	// slots places each policy chain's endpoints in the endpoints map.
+	// slots places each policy chain's endpoints in the endpoint-ranges maps.
 	slots *slotAlloc
+	// full lists the ports that got no block because their map is full.
+	full []string
 }
 
 func newRenderer(cfg dataplane.Config, fam model.Family, node model.NodeInfo) *renderer {
@@ -206,8 +213,13 @@ func (r *renderer) fixed() *desired {
 		&chain{Name: chainServices, Rules: r.servicesRules()},
 		&chain{Name: chainMasquerading, Rules: r.masqueradingRules()},
 		&chain{Name: chainFirewallCheck, Rules: []string{r.dstTuple() + " vmap @" + mapFirewallIPs}},
-		&chain{Name: chainServiceEPCheck, Rules: []string{r.dstTuple() + " vmap @" + mapNoEndpointServices}},
-		&chain{Name: chainNodePortEPCheck, Rules: r.nodePortRules(mapNoEndpointNodePort)},
+		&chain{Name: chainServiceEPCheck, Rules: []string{
+			r.dstTuple() + " @" + setServicesNoEndpoints + " goto " + chainReject,
+			r.dstTuple() + " @" + setServicesNoLocal + " drop",
+		}},
+		&chain{Name: chainNodePortEPCheck, Rules: r.nodePortRules(
+			"@"+setNodePortsNoEndpoints+" goto "+chainReject,
+			"@"+setNodePortsNoLocal+" drop")},
 		&chain{Name: chainClusterIPsCheck, Rules: r.clusterIPsCheckRules()},
 		// TCP gets a reset: a Linux client acts on an ICMPv6 unreachable
 		// only at its first SYN retransmit (~1 s), on a reset at once.
@@ -261,29 +273,25 @@ func (r *renderer) fixedSets() []*set {
 	return append(r.baseSets(), r.endpointSets()...)
 }
 
-// endpointSets are the endpoints maps, sharded per protocol: nft insists
-// that the map's declared port type matches the rule's protocol match.
+// endpointSets are the endpoint-ranges maps (see blockSpan), sharded per
+// protocol (nft insists that the map's declared port type matches the
+// rule's protocol match) and by hash (shardCount).
 func (r *renderer) endpointSets() []*set {
 	var out []*set
 	for _, proto := range []string{"tcp", "udp", "sctp"} {
 		for i := range shardCount[proto] {
 			out = append(out, &set{Name: endpointShard(proto, i), IsMap: true,
 				TypeOf:  "numgen random mod 1 : " + r.ipX + " daddr . " + proto + " dport",
-				Comment: "endpoints of " + proto + " policy chains, by slot"})
+				Flags:   []knftables.SetFlag{knftables.IntervalFlag},
+				Comment: "endpoints of " + proto + " policy chains, by numgen range"})
 		}
 	}
 	return out
 }
 
-// shardCount is how many endpoints maps each protocol has.
-var shardCount = map[string]int{"tcp": 16, "udp": 4, "sctp": 2}
-
-func endpointShard(proto string, i int) string {
-	return fmt.Sprintf("%s-%s-%02d", mapEndpoints, proto, i)
-}
-
 func (r *renderer) baseSets() []*set {
-	dst := r.addrType + " . inet_proto . inet_service : verdict"
+	dstKey := r.addrType + " . inet_proto . inet_service"
+	dst := dstKey + " : verdict"
 	return []*set{
 		{Name: setClusterIPs, Type: r.addrType, Comment: "active ClusterIPs"},
 		{Name: setNodePortIPs, Type: r.addrType, Flags: []knftables.SetFlag{knftables.IntervalFlag}, Comment: "CIDRs whose local addresses accept NodePorts"},
@@ -291,8 +299,10 @@ func (r *renderer) baseSets() []*set {
 		{Name: setHairpin, Type: r.addrType + " . " + r.addrType + " . inet_proto . inet_service", Comment: "local endpoints reaching themselves through a Service"},
 		{Name: mapServiceIPs, IsMap: true, Type: dst, Comment: "ClusterIP, external IP and load-balancer IP dispatch"},
 		{Name: mapServiceNodePorts, IsMap: true, Type: "inet_proto . inet_service : verdict", Comment: "NodePort dispatch"},
-		{Name: mapNoEndpointServices, IsMap: true, Type: dst, Comment: "drop or reject traffic to service IPs without endpoints"},
-		{Name: mapNoEndpointNodePort, IsMap: true, Type: "inet_proto . inet_service : verdict", Comment: "drop or reject traffic to NodePorts without endpoints"},
+		{Name: setServicesNoEndpoints, Type: dstKey, Comment: "service IP ports without endpoints: rejected"},
+		{Name: setServicesNoLocal, Type: dstKey, Comment: "service IP ports of the Local policy without a local endpoint: dropped"},
+		{Name: setNodePortsNoEndpoints, Type: "inet_proto . inet_service", Comment: "NodePorts without endpoints: rejected"},
+		{Name: setNodePortsNoLocal, Type: "inet_proto . inet_service", Comment: "NodePorts of the Local policy without a local endpoint: dropped"},
 		{Name: mapFirewallIPs, IsMap: true, Type: dst, Comment: "load-balancer IPs subject to loadBalancerSourceRanges"},
 		// One set for every Service with ClientIP affinity, keyed by the
 		// client and a (service port, endpoint) id, with each element's
@@ -335,20 +345,27 @@ func (r *renderer) servicesRules() []string {
 		rules = append(rules, r.ipX+" daddr @"+setClusterIPs+" "+r.ifNotLocal+" "+r.masq)
 	}
 	rules = append(rules, r.dstTuple()+" vmap @"+mapServiceIPs)
-	return append(rules, r.nodePortRules(mapServiceNodePorts)...)
+	return append(rules, r.nodePortRules("vmap @"+mapServiceNodePorts)...)
 }
 
-// nodePortRules match NodePort traffic to node addresses and dispatch it
-// through vmap; nothing when no address accepts NodePorts.
-func (r *renderer) nodePortRules(vmap string) []string {
-	tail := r.ipX + " daddr != " + r.loopback + " meta l4proto . th dport vmap @" + vmap
-	if r.nodePortAll {
-		return []string{"fib daddr type local " + tail}
-	}
-	if len(r.nodePortCIDRs) == 0 {
+// nodePortRules match NodePort traffic to node addresses, one rule per
+// action (each applied to `meta l4proto . th dport`); nothing when no
+// address accepts NodePorts.
+func (r *renderer) nodePortRules(actions ...string) []string {
+	var head string
+	switch {
+	case r.nodePortAll:
+		head = "fib daddr type local "
+	case len(r.nodePortCIDRs) > 0:
+		head = r.ipX + " daddr @" + setNodePortIPs + " fib daddr type local "
+	default:
 		return nil
 	}
-	return []string{r.ipX + " daddr @" + setNodePortIPs + " fib daddr type local " + tail}
+	var rules []string
+	for _, a := range actions {
+		rules = append(rules, head+r.ipX+" daddr != "+r.loopback+" meta l4proto . th dport "+a)
+	}
+	return rules
 }
 
 func (r *renderer) masqueradingRules() []string {

@@ -2,7 +2,6 @@ package nftables
 
 import (
 	"fmt"
-	"hash/crc32"
 	"hash/fnv"
 	"net/netip"
 	"strconv"
@@ -67,21 +66,24 @@ func epName(ep *model.Endpoint) string {
 }
 
 // policyChains renders the chains that pick an endpoint for the Cluster and
-// the Local traffic policy.
+// the Local traffic policy. They exist whether or not there are endpoints
+// to pick (with none, the chain DNATs nothing and the no-endpoints sets
+// reject or drop): an endpoint change then never adds or removes a chain.
 func (r *renderer) policyChains(c *portCtx) {
-	if len(c.sp.ClusterEndpoints) > 0 {
+	if c.sp.UsesClusterEndpoints() {
 		c.cluster = r.endpointChain(c, "svc", c.sp.ClusterEndpoints)
 	}
-	if len(c.sp.LocalEndpoints) > 0 && c.sp.UsesLocalEndpoints() {
+	if c.sp.UsesLocalEndpoints() {
 		c.local = r.endpointChain(c, "loc", c.sp.LocalEndpoints)
 	}
 }
 
 // endpointChain picks one of eps uniformly. Without affinity one rule does
-// it, `numgen random mod M offset BASE map @endpoints`, over the chain's block
-// of the shared endpoints map: endpoint changes then touch map elements only.
-// With affinity, plain rules: known clients first go back to their endpoint,
-// else rule i DNATs with probability 1/(M-i) (the last one always).
+// it, `numgen random mod SPAN offset BASE map @endpoint-ranges-…`, over the
+// chain's block of a shared map: endpoint changes then touch map elements
+// only. With affinity, plain rules: known clients first go back to their
+// endpoint, else rule i DNATs with probability 1/(M-i) (the last one
+// always). It returns "" when no chain could be made.
 func (r *renderer) endpointChain(c *portCtx, prefix string, eps []*model.Endpoint) string {
 	if c.affinity == nil {
 		return r.mappedChain(c, prefix, eps)
@@ -104,23 +106,23 @@ func (r *renderer) endpointChain(c *portCtx, prefix string, eps []*model.Endpoin
 	return ch.Name
 }
 
-// mappedChain renders a policy chain whose endpoints live in its block of
-// the endpoints map; the block is part of the chain's name.
+// mappedChain renders a policy chain whose endpoints are ranges of its
+// block of an endpoint-ranges map; the block index is part of the chain's
+// name (a restart recovers it from there).
 func (r *renderer) mappedChain(c *portCtx, prefix string, eps []*model.Endpoint) string {
 	key := prefix + " " + c.human
-	b := r.slots.get(key, len(eps))
+	b, ok := r.slots.get(key, c.proto)
+	if !ok {
+		r.full = append(r.full, c.human)
+		return ""
+	}
 	c.ps.Blocks = append(c.ps.Blocks, key)
-	// Every rule that looks up a map with data makes the kernel check each
-	// of the map's elements, and every element added is checked against
-	// each such rule: one map for all Services would load quadratically.
-	// Shards divide that cost by their square.
-	n := uint32(shardCount[c.proto])
-	shard := endpointShard(c.proto, int(crc32.ChecksumIEEE([]byte(key))%n))
-	rule := fmt.Sprintf("meta l4proto %s dnat %s to numgen random mod %d offset %d map @%s", c.proto, r.ipX, len(eps), b.base, shard)
-	for i, ep := range eps {
+	rule := fmt.Sprintf("meta l4proto %s dnat %s to numgen random mod %d offset %d map @%s", c.proto, r.ipX, blockSpan, b.offset(), b.shard)
+	for i, keyRange := range blockRanges(b, len(eps)) {
+		ep := eps[i]
 		// One backing array for key and value: 100k endpoints at 10k Services.
-		kv := []string{strconv.Itoa(int(b.base) + i), ep.IP.String(), strconv.Itoa(int(ep.Port))}
-		c.ps.Elems = append(c.ps.Elems, element{Set: shard, Key: kv[0:1:1], Value: kv[1:3:3]})
+		kv := []string{keyRange, ep.IP.String(), strconv.Itoa(int(ep.Port))}
+		c.ps.Elems = append(c.ps.Elems, element{Set: b.shard, Key: kv[0:1:1], Value: kv[1:3:3]})
 	}
 	ch := &chain{Rules: []string{rule}, Name: contentName(prefix, c.human+blockSuffix(b), rule)}
 	c.ps.Chains = append(c.ps.Chains, ch)
@@ -151,9 +153,10 @@ func (r *renderer) hairpin(c *portCtx) {
 // externalChain renders the chain all external destinations (NodePort,
 // external IPs, load-balancer IPs) go to: masquerade for the Cluster policy;
 // for the Local policy keep the client IP, but send pods and the node itself
-// to the cluster endpoints as upstream does.
+// to the cluster endpoints as upstream does. Like the policy chains it
+// exists with or without endpoints.
 func (r *renderer) externalChain(c *portCtx) {
-	if !c.sp.HasEndpoints || !c.sp.ExternallyAccessible() {
+	if !c.sp.ExternallyAccessible() {
 		return
 	}
 	var rules []string
@@ -177,35 +180,41 @@ func (r *renderer) externalChain(c *portCtx) {
 	c.ext = ch.Name
 }
 
-// internalTarget is where cluster-IP traffic goes: a goto verdict for the
-// service-ips map, or "" with the verdict for the no-endpoints map.
-func (c *portCtx) internalTarget() (dispatch, noEndpoints string) {
+// noEndpoints is what the filter chains do with new connections that no
+// policy chain DNATed because it had no endpoint to pick.
+type noEndpoints int
+
+const (
+	hasEndpoints noEndpoints = iota
+	rejectNoEndpoints
+	dropNoLocalEndpoints
+)
+
+// noEndpointsFor judges a frontend by its traffic policy: reject when the
+// port has no endpoint at all, or the Cluster policy has none; drop when the
+// Local policy has no local one.
+func (c *portCtx) noEndpointsFor(local bool) noEndpoints {
 	switch {
 	case !c.sp.HasEndpoints:
-		return "", "goto " + chainReject
-	case c.sp.InternalPolicyLocal && c.local == "":
-		return "", "drop"
-	case c.sp.InternalPolicyLocal:
-		return "goto " + c.local, ""
-	case c.cluster == "":
-		return "", "goto " + chainReject
+		return rejectNoEndpoints
+	case local && len(c.sp.LocalEndpoints) == 0:
+		return dropNoLocalEndpoints
+	case !local && len(c.sp.ClusterEndpoints) == 0:
+		return rejectNoEndpoints
+	case local && c.local == "", !local && c.cluster == "":
+		return rejectNoEndpoints // no block left for its chain
 	}
-	return "goto " + c.cluster, ""
+	return hasEndpoints
 }
 
-// externalNoEndpoints is the verdict for external traffic that no chain
-// DNATed: reject without any endpoint, drop for the Local policy without a
-// local one, "" when there are endpoints for it.
-func (c *portCtx) externalNoEndpoints() string {
-	switch {
-	case !c.sp.HasEndpoints:
-		return "goto " + chainReject
-	case c.sp.ExternalPolicyLocal && c.local == "":
-		return "drop"
-	case !c.sp.ExternalPolicyLocal && c.cluster == "":
-		return "goto " + chainReject
+// addNoEndpoints puts key in the reject or drop set of a pair.
+func (c *portCtx) addNoEndpoints(n noEndpoints, reject, drop string, key []string) {
+	switch n {
+	case rejectNoEndpoints:
+		c.add(reject, key, "")
+	case dropNoLocalEndpoints:
+		c.add(drop, key, "")
 	}
-	return ""
 }
 
 func (c *portCtx) dstKey(ip netip.Addr) []string {
@@ -226,12 +235,15 @@ func (r *renderer) clusterIP(c *portCtx) {
 		return
 	}
 	c.add(setClusterIPs, []string{c.sp.ClusterIP.String()}, "")
-	dispatch, none := c.internalTarget()
-	if dispatch != "" {
-		c.add(mapServiceIPs, c.dstKey(c.sp.ClusterIP), dispatch)
-	} else {
-		c.add(mapNoEndpointServices, c.dstKey(c.sp.ClusterIP), none)
+	key := c.dstKey(c.sp.ClusterIP)
+	target := c.cluster
+	if c.sp.InternalPolicyLocal {
+		target = c.local
 	}
+	if target != "" {
+		c.add(mapServiceIPs, key, "goto "+target)
+	}
+	c.addNoEndpoints(c.noEndpointsFor(c.sp.InternalPolicyLocal), setServicesNoEndpoints, setServicesNoLocal, key)
 }
 
 // externalIPs dispatches spec.externalIPs to the external chain.
@@ -242,12 +254,9 @@ func (r *renderer) externalIPs(c *portCtx) {
 }
 
 func (r *renderer) externalDest(c *portCtx, ip netip.Addr) {
-	if c.ext != "" {
-		c.add(mapServiceIPs, c.dstKey(ip), "goto "+c.ext)
-	}
-	if none := c.externalNoEndpoints(); none != "" {
-		c.add(mapNoEndpointServices, c.dstKey(ip), none)
-	}
+	key := c.dstKey(ip)
+	c.add(mapServiceIPs, key, "goto "+c.ext)
+	c.addNoEndpoints(c.noEndpointsFor(c.sp.ExternalPolicyLocal), setServicesNoEndpoints, setServicesNoLocal, key)
 }
 
 // loadBalancer dispatches load-balancer IPs and, with source ranges, sends
@@ -286,10 +295,6 @@ func (r *renderer) nodePort(c *portCtx) {
 		return
 	}
 	key := []string{c.proto, strconv.Itoa(int(c.sp.NodePort))}
-	if c.ext != "" {
-		c.add(mapServiceNodePorts, key, "goto "+c.ext)
-	}
-	if none := c.externalNoEndpoints(); none != "" {
-		c.add(mapNoEndpointNodePort, key, none)
-	}
+	c.add(mapServiceNodePorts, key, "goto "+c.ext)
+	c.addNoEndpoints(c.noEndpointsFor(c.sp.ExternalPolicyLocal), setNodePortsNoEndpoints, setNodePortsNoLocal, key)
 }

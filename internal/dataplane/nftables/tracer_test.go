@@ -184,22 +184,49 @@ func (tr *tracer) step(st *dptest.Branch, toks []string, depth int) (ok bool, v 
 	return tr.exprStep(st, toks, depth)
 }
 
-// mappedDNAT picks slot i of M (one binary numgen decision per slot, so
-// every slot is a branch) and DNATs to that element of the map.
+// mappedDNAT picks one range of the block [B, B+M) of the map (one binary
+// numgen decision per range, so every range is a branch) and DNATs to its
+// endpoint; no range (no endpoints) DNATs nothing. The ranges must tile the
+// block with sizes differing by at most one key: a uniform choice.
 func (tr *tracer) mappedDNAT(st *dptest.Branch, toks []string) (bool, string, []string) {
-	m, _ := strconv.Atoi(toks[6])
-	base, _ := strconv.Atoi(toks[8])
+	m, _ := strconv.ParseUint(toks[6], 10, 64)
+	base, _ := strconv.ParseUint(toks[8], 10, 64)
+	type rng struct {
+		first, last uint64
+		value       string
+	}
+	var rs []rng
+	for k, v := range tr.sets[toks[10][1:]] {
+		first, last, err := parseRange(k)
+		if err != nil {
+			tr.t.Fatalf("element %q of %s is not a range", k, toks[10])
+		}
+		if uint64(first) >= base && uint64(first) < base+m {
+			rs = append(rs, rng{uint64(first), uint64(last), v})
+		}
+	}
+	if len(rs) == 0 {
+		return false, "", nil
+	}
+	slices.SortFunc(rs, func(a, b rng) int { return int(a.first - b.first) })
+	next := base
+	for _, r := range rs {
+		size := r.last - r.first + 1
+		if r.first != next || size < m/uint64(len(rs)) || size > m/uint64(len(rs))+1 {
+			tr.t.Fatalf("ranges of %s in [%d, %d) are not a uniform split: %v", toks[10], base, base+m, rs)
+		}
+		next = r.last + 1
+	}
+	if next != base+m {
+		tr.t.Fatalf("ranges of %s do not cover [%d, %d): %v", toks[10], base, base+m, rs)
+	}
 	i := 0
-	for ; i < m-1; i++ {
+	for ; i < len(rs)-1; i++ {
 		if st.Choose() {
 			break
 		}
 	}
-	v, ok := tr.sets[toks[10][1:]][strconv.Itoa(base+i)]
-	if !ok {
-		tr.t.Fatalf("slot %d of %s is empty", base+i, toks[10])
-	}
-	f := strings.Split(v, " ")
+	f := strings.Split(rs[i].value, " ")
 	a, _ := netip.ParseAddr(f[0])
 	port, _ := strconv.Atoi(f[1])
 	st.Dst, st.DPort, st.DNATted = a, uint16(port), true

@@ -1,0 +1,87 @@
+package nftables
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/dataplane/dptest"
+	"github.com/kproxy/kproxy/internal/model"
+)
+
+// TestPrivilegedUpgradeFromPreviousLayout: a table the previous version
+// wrote (testdata/previous-layout.nft: exact-key endpoints maps, verdict
+// maps for frontends without endpoints, policy chains named by endpoint
+// count) is taken over by one full sync, and its leftovers (old chains,
+// then the maps only they used) are deleted once unreferenced, leaving
+// exactly what a fresh table would hold.
+func TestPrivilegedUpgradeFromPreviousLayout(t *testing.T) {
+	n := newTestNet(t)
+	old, err := os.ReadFile("testdata/previous-layout.nft")
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "old.nft")
+	if err := os.WriteFile(file, []byte(withoutAffinityLookups(string(old))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dptest.Run(t, "ip", "netns", "exec", n.Node, "nft", "-f", file)
+
+	cfg := dptest.Config()
+	cfg.Families = []model.Family{model.IPv4, model.IPv6}
+	cfg.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("198.19.0.0/24"), netip.MustParsePrefix("fd00:19::/112")}
+	clk := testingclock.NewFakePassiveClock(time.Now())
+	p, _ := New(cfg, WithClock(clk))
+	snap := featureSnapshot()
+	n.sync(p, snap, dataplane.SyncRequest{Full: true})
+	if l := listTable(t, n.Node, "ip"); !strings.Contains(l, "map endpoints-tcp-") {
+		t.Error("the old endpoints maps went in the takeover, while old chains may still use them")
+	}
+	clk.SetTime(clk.Now().Add(2 * staleDelay))
+	n.sync(p, snap, dataplane.SyncRequest{})
+
+	for _, f := range cfg.Families {
+		st := p.fams[f]
+		wantChains := map[string]bool{}
+		for _, ps := range st.cur.Ports {
+			for _, c := range ps.Chains {
+				wantChains[c.Name] = true
+			}
+		}
+		n.In(n.Node, func() {
+			if err := st.readKernel(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		})
+		for name := range st.kChains {
+			if !wantChains[name] {
+				t.Errorf("%s: leftover chain %s", f, name)
+			}
+		}
+		for name := range wantChains {
+			if !st.kChains[name] {
+				t.Errorf("%s: chain %s missing", f, name)
+			}
+		}
+		for name := range st.kSets {
+			t.Errorf("%s: leftover set or map %s", f, name)
+		}
+		for name, elems := range st.want {
+			for k, ref := range elems {
+				if got, ok := st.kElems[name][k]; !ok || got != ref.e.value() {
+					t.Errorf("%s: element %s %q reads back as %q (present %v), rendered %q", f, name, k, got, ok, ref.e.value())
+				}
+			}
+			if len(st.kElems[name]) != len(elems) {
+				t.Errorf("%s: %s holds %d elements, want %d", f, name, len(st.kElems[name]), len(elems))
+			}
+		}
+	}
+}
