@@ -184,7 +184,18 @@ func (st *famState) fullOps(d *desired, t *txn) {
 	configElemOps(d.Elems, t)
 	wantChains := map[string]bool{}
 	prevWant := st.want
-	st.want = map[string]map[string]*elemRef{}
+	// Sized up front: growing 40 maps to 200k entries costs a tenth of
+	// the user-space time of a cold sync at 10k Services.
+	sizes := map[string]int{}
+	for _, ps := range d.Ports {
+		for i := range ps.Elems {
+			sizes[ps.Elems[i].Set]++
+		}
+	}
+	st.want = make(map[string]map[string]*elemRef, len(sizes))
+	for name, n := range sizes {
+		st.want[name] = make(map[string]*elemRef, n)
+	}
 	for _, id := range sortedIDs(d.Ports) {
 		ps := d.Ports[id]
 		for _, c := range ps.Chains {

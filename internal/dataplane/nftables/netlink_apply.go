@@ -26,18 +26,33 @@ type nlTxn struct {
 	b    *nlBatch
 	sets map[string]*set
 	// w is the open element list (consecutive element ops of one set and
-	// verb share messages); wKey identifies it.
-	w    *elemWriter
-	wKey string
+	// verb share messages), for set wSet and verb wVerb.
+	w     *elemWriter
+	wSet  string
+	wVerb opVerb
 	// scratch and elems hold the encoding of the current element.
 	scratch []byte
 	elems   [2]nlElem
+	// fields caches each set's key and data field types.
+	fields map[string]setFields
 }
+
+// setFields are the wire types of a set's key and data.
+type setFields struct{ key, data []string }
 
 // apply sends ops as one netlink batch: atomic, like nft -f, without the
 // CLI's parsing and cache fetch. It returns errNoNetlink, before sending
 // anything, when an op does not translate.
 func (n *netlinkReader) apply(ops opList, sets map[string]*set) error {
+	b, err := n.encode(ops, sets)
+	if err != nil {
+		return err
+	}
+	return b.send()
+}
+
+// encode writes ops into a batch, not sent.
+func (n *netlinkReader) encode(ops opList, sets map[string]*set) (*nlBatch, error) {
 	fam := byte(unix.NFPROTO_IPV4)
 	if n.v6() {
 		fam = unix.NFPROTO_IPV6
@@ -46,17 +61,17 @@ func (n *netlinkReader) apply(ops opList, sets map[string]*set) error {
 	t := &nlTxn{n: n, b: newNLBatch(fam, n.table.Name, 64*ops.len()+4096), sets: sets}
 	for o := range ops.all {
 		if err := t.queue(o); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	t.closeElems()
-	return t.b.send()
+	return t.b, nil
 }
 
 func (t *nlTxn) closeElems() {
 	if t.w != nil {
 		t.w.close()
-		t.w, t.wKey = nil, ""
+		t.w, t.wSet = nil, ""
 	}
 }
 
@@ -141,14 +156,21 @@ func (t *nlTxn) element(verb opVerb, e element) error {
 	if t.scratch == nil {
 		t.scratch = make([]byte, 0, 256)
 	}
-	elems, err := encodeElem(t.elems[:0], t.scratch[:0], s, verb, e)
+	f, ok := t.fields[name]
+	if !ok {
+		f.key, f.data = s.fields()
+		if t.fields == nil {
+			t.fields = map[string]setFields{}
+		}
+		t.fields[name] = f
+	}
+	elems, err := encodeElem(t.elems[:0], t.scratch[:0], s, f, verb, e)
 	if err != nil {
 		return errNoNetlink
 	}
-	key := name + "\x00" + strconv.Itoa(int(verb))
-	if t.wKey != key {
+	if t.w == nil || t.wSet != name || t.wVerb != verb {
 		t.closeElems()
-		t.w, t.wKey = t.b.elements(name, verb == opDelete), key
+		t.w, t.wSet, t.wVerb = t.b.elements(name, verb == opDelete), name, verb
 	}
 	for _, el := range elems {
 		t.w.add(el)
@@ -158,8 +180,8 @@ func (t *nlTxn) element(verb opVerb, e element) error {
 
 // encodeElem encodes an element of s; a prefix in an interval set is two.
 // The encoded bytes are appended to scratch (the caller copies them).
-func encodeElem(dst []nlElem, scratch []byte, s *set, verb opVerb, e element) ([]nlElem, error) {
-	fields, dataFields := s.fields()
+func encodeElem(dst []nlElem, scratch []byte, s *set, f setFields, verb opVerb, e element) ([]nlElem, error) {
+	fields, dataFields := f.key, f.data
 	if slices.Contains(s.Flags, knftables.IntervalFlag) && fields[0] == "numgen" {
 		return encodeRangeElem(dst, scratch, dataFields, verb, e)
 	}

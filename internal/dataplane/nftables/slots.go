@@ -161,10 +161,12 @@ func parseBlockName(name string) (key, proto string, index uint32, ok bool) {
 func blockRanges(b block, n int) []string {
 	out := make([]string, n)
 	base := uint64(b.offset())
+	var buf [24]byte
 	for i := range n {
 		lo := base + uint64(i)*blockSpan/uint64(n)
 		hi := base + uint64(i+1)*blockSpan/uint64(n) - 1
-		out[i] = strconv.FormatUint(lo, 10) + "-" + strconv.FormatUint(hi, 10)
+		s := append(strconv.AppendUint(buf[:0], lo, 10), '-')
+		out[i] = string(strconv.AppendUint(s, hi, 10))
 	}
 	return out
 }
