@@ -64,7 +64,7 @@ func start(t *testing.T, objs ...runtime.Object) (kubernetes.Interface, *sourcet
 	return startClient(t, fake.NewClientset(objs...))
 }
 
-func startClient(t *testing.T, client *fake.Clientset) (kubernetes.Interface, *sourcetest.Recorder) {
+func startClient(t *testing.T, client kubernetes.Interface) (kubernetes.Interface, *sourcetest.Recorder) {
 	t.Helper()
 	rec := sourcetest.NewRecorder()
 	_, ctx := ktesting.NewTestContext(t)
@@ -75,7 +75,7 @@ func startClient(t *testing.T, client *fake.Clientset) (kubernetes.Interface, *s
 	}()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
 			t.Errorf("Run: %v", err)
 		}
 	})
@@ -252,6 +252,10 @@ func TestTransformsStoreSlimEntries(t *testing.T) {
 	}
 	if k, err := cache.MetaNamespaceKeyFunc(e); err != nil || k != "ns/a" {
 		t.Errorf("key = %q, %v", k, err)
+	}
+	// The key function reads the entry itself: only the key string is allocated.
+	if n := testing.AllocsPerRun(100, func() { _, _ = cache.MetaNamespaceKeyFunc(e) }); n > 1 {
+		t.Errorf("MetaNamespaceKeyFunc allocates %v times per entry", n)
 	}
 	obj, _ = slimService(service("h", "None"))
 	if obj.(*entry).obj != nil {

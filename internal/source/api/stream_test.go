@@ -1,0 +1,228 @@
+package api
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/kproxy/kproxy/internal/objects"
+	"github.com/kproxy/kproxy/internal/source/sourcetest"
+)
+
+// encodeProto encodes obj as the API server does for a protobuf client.
+func encodeProto(t *testing.T, obj runtime.Object, gv schema.GroupVersion) []byte {
+	t.Helper()
+	ps := protobuf.NewSerializer(scheme.Scheme, scheme.Scheme)
+	data, err := runtime.Encode(scheme.Codecs.EncoderForVersion(ps, gv), obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func serviceList(n int) *corev1.ServiceList {
+	l := &corev1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: "42", Continue: "next"}}
+	for i := range n {
+		svc := service(fmt.Sprintf("s%d", i), fmt.Sprintf("198.18.128.%d", i%250+1))
+		svc.ResourceVersion = fmt.Sprint(i + 1)
+		svc.Annotations = map[string]string{"big": strings.Repeat("x", i*100)}
+		l.Items = append(l.Items, *svc)
+	}
+	l.Items = append(l.Items, *service("headless", "None"))
+	return l
+}
+
+// The streamed protobuf decode yields what the ordinary decode plus the
+// transform yields.
+func TestDecodeProtoListMatchesFullDecode(t *testing.T) {
+	for _, n := range []int{0, 1, 300} {
+		list := serviceList(n)
+		data := encodeProto(t, list, corev1.SchemeGroupVersion)
+		got, err := decodeProtoList(bufio.NewReader(bytes.NewReader(data)), decodeService)
+		if err != nil {
+			t.Fatalf("%d items: %v", n, err)
+		}
+		want, err := slimList(list, slimService)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%d items: streamed list differs from the full decode:\n got %+v\nwant %+v", n, got.ListMeta, want.ListMeta)
+		}
+		if len(got.Items) != n+1 || got.ResourceVersion != "42" || got.Continue != "next" {
+			t.Errorf("%d items: got %d items, meta %+v", n, len(got.Items), got.ListMeta)
+		}
+	}
+}
+
+func TestDecodeProtoListSlices(t *testing.T) {
+	list := &discoveryv1.EndpointSliceList{ListMeta: metav1.ListMeta{ResourceVersion: "7"},
+		Items: []discoveryv1.EndpointSlice{*endpointSlice("a-1", "a"), *endpointSlice("h-1", "h", objects.LabelHeadless)}}
+	data := encodeProto(t, list, discoveryv1.SchemeGroupVersion)
+	got, err := decodeProtoList(bufio.NewReader(bytes.NewReader(data)), decodeSlice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := slimList(list, slimSlice)
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+}
+
+func TestDecodeProtoListErrors(t *testing.T) {
+	data := encodeProto(t, serviceList(20), corev1.SchemeGroupVersion)
+	for _, cut := range []int{len(protoMagic) + 1, len(data) / 2, len(data) - 1} {
+		if _, err := decodeProtoList(bufio.NewReader(bytes.NewReader(data[:cut])), decodeService); err == nil {
+			t.Errorf("a body cut at %d of %d decoded", cut, len(data))
+		}
+	}
+	if _, err := decodeProtoList(bufio.NewReader(bytes.NewReader(protoMagic)), decodeService); err == nil {
+		t.Errorf("an empty envelope decoded")
+	}
+}
+
+// fakeServer is a minimal API server: protobuf (or JSON) lists, rejected
+// watch-list requests (as an API server without it), and watches that stay
+// open without events.
+type fakeServer struct {
+	json  bool
+	lists map[string]runtime.Object // by path
+	pages map[string]func(i int) (runtime.Object, bool)
+	gvs   map[string]schema.GroupVersion
+}
+
+func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	if q.Get("watch") == "true" || q.Get("watch") == "1" {
+		if q.Get("sendInitialEvents") == "true" {
+			http.Error(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"BadRequest","code":400}`, http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+		return
+	}
+	obj, ok := f.lists[r.URL.Path]
+	if page, paged := f.pages[r.URL.Path]; paged {
+		// Paginated, as an API server without a watch cache.
+		i := 0
+		if c := q.Get("continue"); c != "" {
+			_, _ = fmt.Sscan(c, &i)
+		}
+		obj, ok = page(i)
+	}
+	if !ok {
+		http.NotFound(w, r)
+		return
+	}
+	gv := f.gvs[r.URL.Path]
+	if f.json {
+		data, err := runtime.Encode(scheme.Codecs.LegacyCodec(gv), obj)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(data)
+		return
+	}
+	ps := protobuf.NewSerializer(scheme.Scheme, scheme.Scheme)
+	data, err := runtime.Encode(scheme.Codecs.EncoderForVersion(ps, gv), obj)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/vnd.kubernetes.protobuf")
+	_, _ = w.Write(data)
+}
+
+// A real clientset lists Services and EndpointSlices through the streamed
+// lists, in protobuf and in JSON.
+func TestStreamedListsThroughClientset(t *testing.T) {
+	for _, json := range []bool{false, true} {
+		t.Run(fmt.Sprintf("json=%v", json), func(t *testing.T) {
+			svcs := serviceList(3)
+			svcs.Continue = ""
+			// The slices come in two pages.
+			slicePage := func(i int) (runtime.Object, bool) {
+				l := &discoveryv1.EndpointSliceList{Items: []discoveryv1.EndpointSlice{*endpointSlice(fmt.Sprintf("s%d-1", i), fmt.Sprintf("s%d", i))}}
+				if i == 0 {
+					l.Continue = "1"
+				}
+				return l, i < 2
+			}
+			f := &fakeServer{json: json,
+				lists: map[string]runtime.Object{"/api/v1/services": svcs},
+				pages: map[string]func(int) (runtime.Object, bool){"/apis/discovery.k8s.io/v1/endpointslices": slicePage},
+				gvs: map[string]schema.GroupVersion{
+					"/api/v1/services":                         corev1.SchemeGroupVersion,
+					"/apis/discovery.k8s.io/v1/endpointslices": discoveryv1.SchemeGroupVersion,
+				}}
+			srv := httptest.NewServer(f)
+			t.Cleanup(srv.Close)
+			cfg := &rest.Config{Host: srv.URL}
+			cfg.ContentType = "application/vnd.kubernetes.protobuf"
+			if json {
+				cfg.ContentType = "application/json"
+			}
+			client, err := kubernetes.NewForConfig(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, rec := startClient(t, client)
+			got := rec.WaitFor(t, "synced Services", "synced EndpointSlices")
+			slices.Sort(got)
+			want := []string{"service ns/s0", "service ns/s1", "service ns/s2", "slice ns/s0-1", "slice ns/s1-1", "synced EndpointSlices", "synced Services"}
+			got = slices.DeleteFunc(got, func(s string) bool { return strings.Contains(s, "node") || strings.Contains(s, "servicecidr") })
+			if !slices.Equal(got, want) {
+				t.Errorf("events = %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+// A real clientset gets the streamed informers (built without client-go's
+// namespace index); a fake one the factory's.
+func TestStreamedInformersOnlyForRealClients(t *testing.T) {
+	real, err := kubernetes.NewForConfig(&rest.Config{Host: "http://198.18.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		client   kubernetes.Interface
+		streamed bool
+	}{{"clientset", real, true}, {"fake", fake.NewClientset(), false}} {
+		_, watches, err := New(tc.client, "node-a", 0, sourcetest.NewRecorder(), ktesting.NewLogger(t, ktesting.NewConfig())).informers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range watches[:2] {
+			_, indexed := w.informer.GetIndexer().GetIndexers()[cache.NamespaceIndex]
+			if indexed == tc.streamed {
+				t.Errorf("%s: %s informer streamed = %v, want %v", tc.name, w.kind, !indexed, tc.streamed)
+			}
+		}
+	}
+}
