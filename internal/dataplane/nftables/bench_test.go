@@ -158,6 +158,9 @@ func TestPrivilegedScale(t *testing.T) {
 func scaleRun(t *testing.T, n int) {
 	tn := newTestNet(t)
 	for _, phase := range []string{"cold", "restart"} {
+		if w := dptest.WaitKernelQuiet(30 * time.Second); w > time.Second {
+			t.Logf("waited %v for the kernel to finish earlier teardowns", w.Round(time.Millisecond))
+		}
 		d, rss := scaleChild(t, tn.Node, phase, n)
 		t.Logf("%d Services x 10 endpoints: %s sync %v in a fresh process; its peak RSS %d MiB (GOMEMLIMIT=%q)",
 			n, phase, d.Round(time.Millisecond), rss>>20, os.Getenv("GOMEMLIMIT"))
