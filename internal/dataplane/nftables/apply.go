@@ -129,7 +129,8 @@ func (st *famState) sync(ctx context.Context, cfg dataplane.Config, fs *model.Fa
 		st.refreshServiceCIDRs(cfg, &t)
 	}
 	if st.r != nil && len(st.r.full) > 0 {
-		logger.Error(nil, "No room left in the endpoint-ranges maps; these Service ports reject traffic", "family", st.fam, "ports", st.r.full[:min(10, len(st.r.full))], "count", len(st.r.full))
+		logger.Info("No room left in an endpoint-ranges map; these Service ports pick endpoints with plain rules (their endpoint changes are rule changes)",
+			"family", st.fam, "ports", st.r.full[:min(10, len(st.r.full))], "count", len(st.r.full))
 		st.r.full = nil
 	}
 	if err == nil {
@@ -161,11 +162,17 @@ func (st *famState) prepareFull(ctx context.Context, cfg dataplane.Config, fs *m
 	d := st.r.fixed()
 	st.seen = make(map[model.PortID]*model.ServicePort, len(fs.Ports))
 	st.bySvc = map[objects.Key][]model.PortID{}
+	used := map[string]bool{}
 	for _, sp := range fs.Ports {
-		d.Ports[sp.ID] = st.r.port(sp)
+		ps := st.r.port(sp)
+		d.Ports[sp.ID] = ps
 		st.seen[sp.ID] = sp
 		st.bySvc[sp.ID.Service()] = append(st.bySvc[sp.ID.Service()], sp.ID)
+		for _, key := range ps.Blocks {
+			used[key] = true
+		}
 	}
+	st.slots.retain(used)
 	st.cur = d
 	st.fullOps(d, t)
 	return nil

@@ -67,7 +67,7 @@ func wantDump(t *testing.T, cfg dataplane.Config, snap *model.Snapshot, f model.
 	fresh := knftables.NewFake(nftFamily(f), DefaultTableName)
 	r := newRenderer(cfg, f, snap.Node)
 	if slots != nil {
-		r.slots = &slotAlloc{next: slots.next, free: maps.Clone(slots.free), owner: maps.Clone(slots.owner)}
+		r.slots = &slotAlloc{next: maps.Clone(slots.next), free: maps.Clone(slots.free), owner: maps.Clone(slots.owner)}
 	}
 	d := r.fixed()
 	for _, sp := range snap.Family(f).Ports {
@@ -445,5 +445,60 @@ func TestApplySuspectRepair(t *testing.T) {
 	}
 	if st := e.p.fams[model.IPv4]; st.suspects != nil || st.distrust {
 		t.Error("suspects kept after the repair")
+	}
+}
+
+// TestApplyFullSyncReleasesBlocks: blocks of ports that are gone, or that
+// no longer have a policy chain, go back to the allocator at a full sync
+// and after a restart (which reserves blocks from every chain it finds,
+// stale ones included), so the fixed number of blocks per map never leaks.
+func TestApplyFullSyncReleasesBlocks(t *testing.T) {
+	e := newApplyEnv(t)
+	ep := dptest.EP("198.18.65.10", 8080, false)
+	a := dptest.Svc("ns", "a", "198.19.0.10", 80, dptest.WithITPLocal, dptest.WithEPs(ep))
+	b := dptest.Svc("ns", "b", "198.19.0.11", 80, dptest.WithEPs(ep))
+	e.sync(dptest.Snapshot(a, b), dataplane.SyncRequest{Full: true})
+	owners := func() []string {
+		return slices.Sorted(maps.Keys(e.p.fams[model.IPv4].slots.owner))
+	}
+	if got := owners(); !slices.Equal(got, []string{"loc ns/a/tcp/p", "svc ns/b/tcp/p"}) {
+		t.Fatalf("blocks after the first sync: %q", got)
+	}
+	// ns/a switches to the Cluster policy, ns/b is deleted: a full sync
+	// without a kernel read (as the hourly one is).
+	a2 := dptest.Svc("ns", "a", "198.19.0.10", 80, dptest.WithEPs(ep))
+	e.sync(dptest.Snapshot(a2), dataplane.SyncRequest{Full: true})
+	if got := owners(); !slices.Equal(got, []string{"svc ns/a/tcp/p"}) {
+		t.Errorf("blocks after a full sync: %q, want only svc ns/a/tcp/p", got)
+	}
+	// A restart while the old chains still wait for deletion.
+	e.restart()
+	e.sync(dptest.Snapshot(a2), dataplane.SyncRequest{Full: true})
+	if got := owners(); !slices.Equal(got, []string{"svc ns/a/tcp/p"}) {
+		t.Errorf("blocks after a restart: %q, want only svc ns/a/tcp/p", got)
+	}
+	e.clock.Step(2 * time.Second)
+	e.sync(dptest.Snapshot(a2), dataplane.SyncRequest{})
+	e.checkKernel(dptest.Snapshot(a2))
+}
+
+// TestRenderFullMapFallsBackToRules: a port whose endpoint-ranges map has
+// no block left still gets a uniform choice, from plain rules.
+func TestRenderFullMapFallsBackToRules(t *testing.T) {
+	snap := dptest.Snapshot(dptest.Svc("ns", "web", "198.19.0.10", 80,
+		dptest.WithEPs(dptest.EP("198.18.65.10", 8080, false), dptest.EP("198.18.65.11", 8080, false))))
+	r := newRenderer(dptest.Config(), model.IPv4, snap.Node)
+	r.slots = newSlotAlloc()
+	r.slots.next[shardOf("svc ns/web/tcp/p", "tcp")] = blocksPerShard
+	d := r.fixed()
+	sp := snap.V4.Ports[0]
+	d.Ports[sp.ID] = r.port(sp)
+	if len(r.full) != 1 || len(d.Ports[sp.ID].Blocks) != 0 {
+		t.Fatalf("full = %q, blocks = %q", r.full, d.Ports[sp.ID].Blocks)
+	}
+	tr := newTracer(t, d, dptest.NodeIP)
+	got := tr.trace(dptest.Packet{Src: netip.MustParseAddr("198.18.200.5"), Dst: sp.ClusterIP, DPort: 80, Proto: "tcp", Iif: "eth0"})
+	if len(got.DNAT) != 2 {
+		t.Errorf("trace = %+v, want both endpoints reachable", got)
 	}
 }

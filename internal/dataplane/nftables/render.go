@@ -86,7 +86,8 @@ type renderer struct {
 	serviceCIDRs []netip.Prefix
 	// slots places each policy chain's endpoints in the endpoint-ranges maps.
 	slots *slotAlloc
-	// full lists the ports that got no block because their map is full.
+	// full lists the ports whose endpoint-ranges map had no block left (they
+	// got plain-rule chains).
 	full []string
 }
 

@@ -81,16 +81,21 @@ func (r *renderer) policyChains(c *portCtx) {
 // endpointChain picks one of eps uniformly. Without affinity one rule does
 // it, `numgen random mod SPAN offset BASE map @endpoint-ranges-…`, over the
 // chain's block of a shared map: endpoint changes then touch map elements
-// only. With affinity, plain rules: known clients first go back to their
-// endpoint, else rule i DNATs with probability 1/(M-i) (the last one
-// always). It returns "" when no chain could be made.
+// only. With affinity (or when the map has no block left), plain rules:
+// known clients first go back to their endpoint, else rule i DNATs with
+// probability 1/(M-i) (the last one always).
 func (r *renderer) endpointChain(c *portCtx, prefix string, eps []*model.Endpoint) string {
 	if c.affinity == nil {
-		return r.mappedChain(c, prefix, eps)
+		if name, ok := r.mappedChain(c, prefix, eps); ok {
+			return name
+		}
+		r.full = append(r.full, c.human)
 	}
 	var rules []string
 	for _, ep := range eps {
-		rules = append(rules, fmt.Sprintf("%s @%s %s", c.affinity[ep.AddrPort()], setAffinity, r.dnat(c, ep)))
+		if key, ok := c.affinity[ep.AddrPort()]; ok {
+			rules = append(rules, fmt.Sprintf("%s @%s %s", key, setAffinity, r.dnat(c, ep)))
+		}
 	}
 	m := len(eps)
 	for i, ep := range eps {
@@ -109,12 +114,11 @@ func (r *renderer) endpointChain(c *portCtx, prefix string, eps []*model.Endpoin
 // mappedChain renders a policy chain whose endpoints are ranges of its
 // block of an endpoint-ranges map; the block index is part of the chain's
 // name (a restart recovers it from there).
-func (r *renderer) mappedChain(c *portCtx, prefix string, eps []*model.Endpoint) string {
+func (r *renderer) mappedChain(c *portCtx, prefix string, eps []*model.Endpoint) (string, bool) {
 	key := prefix + " " + c.human
 	b, ok := r.slots.get(key, c.proto)
 	if !ok {
-		r.full = append(r.full, c.human)
-		return ""
+		return "", false
 	}
 	c.ps.Blocks = append(c.ps.Blocks, key)
 	rule := fmt.Sprintf("meta l4proto %s dnat %s to numgen random mod %d offset %d map @%s", c.proto, r.ipX, blockSpan, b.offset(), b.shard)
@@ -126,7 +130,7 @@ func (r *renderer) mappedChain(c *portCtx, prefix string, eps []*model.Endpoint)
 	}
 	ch := &chain{Rules: []string{rule}, Name: contentName(prefix, c.human+blockSuffix(b), rule)}
 	c.ps.Chains = append(c.ps.Chains, ch)
-	return ch.Name
+	return ch.Name, true
 }
 
 // dnat is the statement sending a packet to ep (recording the client for
@@ -201,8 +205,6 @@ func (c *portCtx) noEndpointsFor(local bool) noEndpoints {
 		return dropNoLocalEndpoints
 	case !local && len(c.sp.ClusterEndpoints) == 0:
 		return rejectNoEndpoints
-	case local && c.local == "", !local && c.cluster == "":
-		return rejectNoEndpoints // no block left for its chain
 	}
 	return hasEndpoints
 }

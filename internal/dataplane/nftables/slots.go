@@ -97,6 +97,19 @@ func (a *slotAlloc) release(key string) {
 	}
 }
 
+// retain releases every block whose key is not in keep: after a full
+// render, blocks of ports that are gone or no longer have that policy
+// chain, and blocks reserved from stale chains found in the kernel. A
+// released block's stale chain (if any) is unreferenced, and a new owner's
+// chain has another name, so the block can be reused at once.
+func (a *slotAlloc) retain(keep map[string]bool) {
+	for key := range a.owner {
+		if !keep[key] {
+			a.release(key)
+		}
+	}
+}
+
 // reserve records a block found in the kernel (from a chain name) so that a
 // restarted proxy keeps it. It returns false when the block is unusable.
 func (a *slotAlloc) reserve(key, proto string, index uint32) bool {
