@@ -13,7 +13,7 @@ import (
 )
 
 func snapshot(v4 ...*model.ServicePort) *model.Snapshot {
-	return &model.Snapshot{V4: fam(v4...), V6: &model.FamilySnapshot{Family: model.IPv6, ByID: map[model.PortID]*model.ServicePort{}}}
+	return &model.Snapshot{V4: fam(v4...), V6: &model.FamilySnapshot{Family: model.IPv6}}
 }
 
 func TestCleanerClean(t *testing.T) {

@@ -107,7 +107,7 @@ func TestPrivilegedNetlinkDeleteFlows(t *testing.T) {
 				Port: service.Port(), ClusterIP: service.Addr(),
 				Endpoints: []*model.Endpoint{{IP: keep.Addr(), Port: keep.Port(), Ready: true, Serving: true}},
 			}
-			snap := &model.FamilySnapshot{Family: tc.family, Ports: []*model.ServicePort{port}, ByID: map[model.PortID]*model.ServicePort{port.ID: port}}
+			snap := &model.FamilySnapshot{Family: tc.family, Ports: []*model.ServicePort{port}}
 			n, err := NewNetlinkTableWith(h).DeleteFlows(tc.family, NewPlan(nil, snap, true).Stale)
 			if err != nil || n != 1 {
 				t.Fatalf("DeleteFlows() = %d, %v; want 1 deleted", n, err)

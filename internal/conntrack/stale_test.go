@@ -26,10 +26,9 @@ func svc(name string, proto model.Protocol, clusterIP string, port, nodePort uin
 }
 
 func fam(ports ...*model.ServicePort) *model.FamilySnapshot {
-	f := &model.FamilySnapshot{Family: model.IPv4, ByID: map[model.PortID]*model.ServicePort{}}
+	f := &model.FamilySnapshot{Family: model.IPv4}
 	for _, p := range ports {
 		f.Ports = append(f.Ports, p)
-		f.ByID[p.ID] = p
 	}
 	return f
 }

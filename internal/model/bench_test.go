@@ -60,7 +60,7 @@ func BenchmarkUpdateOne10k(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		s, _ := Update(prev, next, changed)
-		if len(s.V4.ByID[PortID{Namespace: "ns", Name: key.Name, Port: "http", Protocol: TCP}].Endpoints) != 11 {
+		if len(s.V4.Port(PortID{Namespace: "ns", Name: key.Name, Port: "http", Protocol: TCP}).Endpoints) != 11 {
 			b.Fatal("not updated")
 		}
 	}

@@ -46,15 +46,12 @@ func checkInvariants(t *testing.T, s *Snapshot, probs []Problem) {
 	}
 	for _, f := range families {
 		fs := s.Family(f)
-		if fs.ByID == nil || len(fs.ByID) != len(fs.Ports) {
-			t.Fatalf("%s: ByID has %d entries for %d ports", f, len(fs.ByID), len(fs.Ports))
-		}
 		for i, p := range fs.Ports {
 			if i > 0 && !fs.Ports[i-1].ID.Less(p.ID) {
 				t.Fatalf("%s: ports not sorted at %s", f, p.ID)
 			}
-			if fs.ByID[p.ID] != p {
-				t.Fatalf("%s: ByID[%s] is another port", f, p.ID)
+			if fs.Port(p.ID) != p {
+				t.Fatalf("%s: Port(%s) is another port", f, p.ID)
 			}
 			checkPort(t, f, p)
 		}

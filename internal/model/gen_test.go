@@ -245,9 +245,9 @@ func checkBuildAndUpdate(t *testing.T, data []byte) {
 	// name and zone stayed.
 	if s1.Node.Name == got.Node.Name && s1.Node.Zone == got.Node.Zone {
 		for _, f := range families {
-			for id, p := range s1.Family(f).ByID {
-				if _, ch := changed[id.Service()]; !ch && got.Family(f).ByID[id] != p {
-					t.Fatalf("unchanged port %s rebuilt", id)
+			for _, p := range s1.Family(f).Ports {
+				if _, ch := changed[p.ID.Service()]; !ch && got.Family(f).Port(p.ID) != p {
+					t.Fatalf("unchanged port %s rebuilt", p.ID)
 				}
 			}
 		}

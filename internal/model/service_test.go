@@ -38,14 +38,14 @@ func TestDualStackFamilySplit(t *testing.T) {
 	}
 	check := func(fs *FamilySnapshot, ws []want) {
 		t.Helper()
-		if len(fs.Ports) != len(ws) || len(fs.ByID) != len(ws) {
-			t.Fatalf("%s: %d ports, %d indexed, want %d", fs.Family, len(fs.Ports), len(fs.ByID), len(ws))
+		if len(fs.Ports) != len(ws) {
+			t.Fatalf("%s: %d ports, want %d", fs.Family, len(fs.Ports), len(ws))
 		}
 		for i, w := range ws {
 			p := fs.Ports[i]
 			if p.ID.String() != w.id || p.ClusterIP.String() != w.clusterIP || epList(p.Endpoints) != w.eps ||
 				!reflect.DeepEqual(p.ExternalIPs, w.ext) || !reflect.DeepEqual(p.LoadBalancerIPs, w.lb) ||
-				!reflect.DeepEqual(p.SourceRanges, w.ranges) || p.Family != fs.Family || fs.ByID[p.ID] != p {
+				!reflect.DeepEqual(p.SourceRanges, w.ranges) || p.Family != fs.Family || fs.Port(p.ID) != p {
 				t.Errorf("%s port %d: got %+v, want %+v", fs.Family, i, p, w)
 			}
 		}
@@ -231,7 +231,7 @@ func TestServiceProblems(t *testing.T) {
 					t.Errorf("problem names the wrong object or no reason: %v", p)
 				}
 			}
-			if s.V4.ByID[PortID{Namespace: "ns", Name: "other", Port: "http", Protocol: TCP}] == nil {
+			if s.V4.Port(PortID{Namespace: "ns", Name: "other", Port: "http", Protocol: TCP}) == nil {
 				t.Errorf("another Service was affected")
 			}
 			if got := len(s.V4.Ports) - 1; got != tc.ports {
@@ -260,7 +260,7 @@ func TestNodeInfo(t *testing.T) {
 		t.Errorf("problems %v", probs)
 	}
 	s, _ := Build(Input{NodeName: "node1"})
-	if !reflect.DeepEqual(s.Node, NodeInfo{Name: "node1"}) || s.V4 == nil || s.V6 == nil || s.V4.ByID == nil {
+	if !reflect.DeepEqual(s.Node, NodeInfo{Name: "node1"}) || s.V4 == nil || s.V6 == nil || s.V4.Port(PortID{}) != nil {
 		t.Errorf("empty build: %+v", s)
 	}
 }

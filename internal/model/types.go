@@ -7,6 +7,7 @@ package model
 import (
 	"fmt"
 	"net/netip"
+	"sort"
 
 	"github.com/kproxy/kproxy/internal/objects"
 )
@@ -115,10 +116,19 @@ func (s *Snapshot) Family(f Family) *FamilySnapshot {
 // FamilySnapshot is the part of a Snapshot for one IP family.
 type FamilySnapshot struct {
 	Family Family
-	// Ports is sorted by ID.
+	// Ports is sorted by ID (PortID.Less); Port finds one.
 	Ports []*ServicePort
-	// ByID indexes Ports.
-	ByID map[PortID]*ServicePort
+}
+
+// Port returns the port with id, or nil, by binary search. (No index map:
+// an update would have to copy a 10k-entry map on every change, a
+// millisecond and a fresh megabyte each time at 10k Services.)
+func (fs *FamilySnapshot) Port(id PortID) *ServicePort {
+	i := sort.Search(len(fs.Ports), func(i int) bool { return !fs.Ports[i].ID.Less(id) })
+	if i < len(fs.Ports) && fs.Ports[i].ID == id {
+		return fs.Ports[i]
+	}
+	return nil
 }
 
 // NodeInfo is what the proxy knows about the node it runs on.

@@ -1,7 +1,6 @@
 package model
 
 import (
-	"maps"
 	"sort"
 
 	"github.com/kproxy/kproxy/internal/objects"
@@ -12,16 +11,12 @@ func newFamilySnapshot(f Family, ports []*ServicePort) *FamilySnapshot {
 	if len(ports) == 0 {
 		ports = nil
 	}
-	byID := make(map[PortID]*ServicePort, len(ports))
-	for _, p := range ports {
-		byID[p.ID] = p
-	}
-	return &FamilySnapshot{Family: f, Ports: ports, ByID: byID}
+	return &FamilySnapshot{Family: f, Ports: ports}
 }
 
 // replace returns fs with the ports of the Services keys (sorted) replaced
 // by fresh (sorted by ID, only ports of those Services). It returns fs
-// itself when nothing changes; else it copies Ports and ByID and shares
+// itself when nothing changes; else it copies Ports and shares
 // every ServicePort.
 func (fs *FamilySnapshot) replace(keys []objects.Key, fresh []*ServicePort) *FamilySnapshot {
 	spans := make([][2]int, len(keys))
@@ -34,20 +29,12 @@ func (fs *FamilySnapshot) replace(keys []objects.Key, fresh []*ServicePort) *Fam
 		return fs
 	}
 	ports := make([]*ServicePort, 0, len(fs.Ports)-removed+len(fresh))
-	byID := maps.Clone(fs.ByID)
-	if byID == nil {
-		byID = map[PortID]*ServicePort{}
-	}
 	cursor, next := 0, 0
 	for i, k := range keys {
 		lo, hi := spans[i][0], spans[i][1]
 		ports = append(ports, fs.Ports[cursor:lo]...)
-		for _, p := range fs.Ports[lo:hi] {
-			delete(byID, p.ID)
-		}
 		for ; next < len(fresh) && fresh[next].ID.Service() == k; next++ {
 			ports = append(ports, fresh[next])
-			byID[fresh[next].ID] = fresh[next]
 		}
 		cursor = hi
 	}
@@ -55,7 +42,7 @@ func (fs *FamilySnapshot) replace(keys []objects.Key, fresh []*ServicePort) *Fam
 	if len(ports) == 0 {
 		ports = nil
 	}
-	return &FamilySnapshot{Family: fs.Family, Ports: ports, ByID: byID}
+	return &FamilySnapshot{Family: fs.Family, Ports: ports}
 }
 
 // span returns the range of fs.Ports that belongs to the Service key.

@@ -91,8 +91,8 @@ func TestHugeSlices(t *testing.T) {
 	slices = append(slices, newSlice("small", "small-a", "IPv4", httpPort(80), ep("198.18.1.1")))
 	in := makeInput(nil, []*objects.Service{newSvc("big"), newSvc("small", func(s *objects.Service) { s.ClusterIPs = []string{"198.18.0.11"} })}, slices...)
 	s, probs := Build(in)
-	big := s.V4.ByID[PortID{Namespace: "ns", Name: "big", Port: "http", Protocol: TCP}]
-	small := s.V4.ByID[PortID{Namespace: "ns", Name: "small", Port: "http", Protocol: TCP}]
+	big := s.V4.Port(PortID{Namespace: "ns", Name: "big", Port: "http", Protocol: TCP})
+	small := s.V4.Port(PortID{Namespace: "ns", Name: "small", Port: "http", Protocol: TCP})
 	if want := 2 * perSlice; big == nil || len(big.Endpoints) != want {
 		t.Fatalf("big: %d endpoints, want %d", len(big.Endpoints), want)
 	}

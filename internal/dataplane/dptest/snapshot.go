@@ -188,13 +188,12 @@ func usable(sp *model.ServicePort, local bool) []*model.Endpoint {
 // each family's ports sorted by ID.
 func Snapshot(ports ...*model.ServicePort) *model.Snapshot {
 	s := &model.Snapshot{Node: Node(),
-		V4: &model.FamilySnapshot{Family: model.IPv4, ByID: map[model.PortID]*model.ServicePort{}},
-		V6: &model.FamilySnapshot{Family: model.IPv6, ByID: map[model.PortID]*model.ServicePort{}},
+		V4: &model.FamilySnapshot{Family: model.IPv4},
+		V6: &model.FamilySnapshot{Family: model.IPv6},
 	}
 	for _, sp := range ports {
 		fs := s.Family(sp.Family)
 		fs.Ports = append(fs.Ports, sp)
-		fs.ByID[sp.ID] = sp
 	}
 	for _, fs := range []*model.FamilySnapshot{s.V4, s.V6} {
 		slices.SortFunc(fs.Ports, func(a, b *model.ServicePort) int {

@@ -424,7 +424,7 @@ func (st *famState) prepareIncremental(fs *model.FamilySnapshot, req dataplane.S
 		old := st.cur.Ports[id]
 		var next *portState
 		svc := id.Service()
-		if sp := fs.ByID[id]; sp != nil {
+		if sp := fs.Port(id); sp != nil {
 			next = st.r.port(sp)
 			if st.seen[id] == nil {
 				st.bySvc[svc] = append(st.bySvc[svc], id)
@@ -465,7 +465,7 @@ func (st *famState) changedPorts(fs *model.FamilySnapshot, req dataplane.SyncReq
 	}
 	if common < len(st.seen) {
 		for id := range st.seen {
-			if fs.ByID[id] == nil {
+			if fs.Port(id) == nil {
 				ids = append(ids, id)
 			}
 		}
@@ -485,7 +485,7 @@ func (st *famState) portsOf(fs *model.FamilySnapshot, svcs map[objects.Key]struc
 			ids = append(ids, fs.Ports[i].ID)
 		}
 		for _, id := range st.bySvc[key] {
-			if fs.ByID[id] == nil {
+			if fs.Port(id) == nil {
 				ids = append(ids, id)
 			}
 		}

@@ -144,15 +144,15 @@ func TestApplyIncrementalSendsOnlyChanges(t *testing.T) {
 	next := featureSnapshot()
 	for _, fs := range []*model.FamilySnapshot{next.V4, next.V6} {
 		for i, sp := range fs.Ports {
-			if old := snap.Family(fs.Family).ByID[sp.ID]; old != nil && sp.ID.Name != "cluster" {
-				fs.Ports[i], fs.ByID[sp.ID] = old, old
+			if old := snap.Family(fs.Family).Port(sp.ID); old != nil && sp.ID.Name != "cluster" {
+				fs.Ports[i] = old
 			}
 		}
 	}
 	cl := dptest.Svc("ns", "cluster", "198.19.0.10", 80, dptest.WithEPs(dptest.EP("198.18.65.10", 8080, false), dptest.EP("198.18.65.11", 8080, false), dptest.EP("198.18.65.12", 8080, false)))
 	for i, sp := range next.V4.Ports {
 		if sp.ID == cl.ID {
-			next.V4.Ports[i], next.V4.ByID[cl.ID] = cl, cl
+			next.V4.Ports[i] = cl
 		}
 	}
 	e.sync(next, dataplane.SyncRequest{Changed: nil})
@@ -188,7 +188,7 @@ func TestApplyIncrementalSendsOnlyChanges(t *testing.T) {
 		svc := dptest.Svc("ns", "cluster", "198.19.0.10", 80, dptest.WithEPs(step.eps...))
 		for i, sp := range next.V4.Ports {
 			if sp.ID == svc.ID {
-				next.V4.Ports[i], next.V4.ByID[svc.ID] = svc, svc
+				next.V4.Ports[i] = svc
 			}
 		}
 		e.sync(next, dataplane.SyncRequest{Changed: map[objects.Key]struct{}{svc.ID.Service(): {}}})

@@ -50,15 +50,11 @@ func scaleSnapshot(n, eps int) *model.Snapshot {
 func withChangedEndpoint(snap *model.Snapshot, i, version int) *model.Snapshot {
 	fs := *snap.V4
 	fs.Ports = slices.Clone(fs.Ports)
-	fs.ByID = make(map[model.PortID]*model.ServicePort, len(fs.Ports))
-	for _, sp := range fs.Ports {
-		fs.ByID[sp.ID] = sp
-	}
 	old := fs.Ports[i]
 	next := *old
 	next.Endpoints = append(slices.Clone(old.Endpoints[1:]), dptest.EP(fmt.Sprintf("198.18.127.%d", version%250+1), 8080, false))
 	dptest.Categorize(&next)
-	fs.Ports[i], fs.ByID[next.ID] = &next, &next
+	fs.Ports[i] = &next
 	out := *snap
 	out.V4 = &fs
 	return &out
