@@ -68,7 +68,7 @@ func loadParams() (params, error) {
 		changeGap:   time.Duration(num("BENCH_CHANGE_GAP_MS", 1100)) * time.Millisecond,
 		dpSeconds:   secs("BENCH_DP_SECONDS", 3),
 		results:     envOr("BENCH_RESULTS", repoPath("test/bench/results/results.json")),
-		doc:         envOr("BENCH_DOC", repoPath("docs/performance.md")),
+		doc:         docPath(),
 		command:     os.Getenv("BENCH_COMMAND"),
 		appendRuns:  os.Getenv("BENCH_APPEND") == "1",
 		profile:     os.Getenv("BENCH_PROFILE"),
@@ -128,6 +128,15 @@ func list(key, def string) []string {
 		}
 	}
 	return out
+}
+
+// docPath is BENCH_DOC: unset means docs/performance.md, set but empty
+// means no document (as documented; envOr would read it as unset).
+func docPath() string {
+	if v, ok := os.LookupEnv("BENCH_DOC"); ok {
+		return v
+	}
+	return repoPath("docs/performance.md")
 }
 
 func envOr(key, def string) string {
