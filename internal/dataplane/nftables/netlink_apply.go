@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -228,14 +227,14 @@ func encodeRangeElem(dst []nlElem, scratch []byte, dataFields []string, verb opV
 		}
 	}
 	dst = append(dst, el)
-	if last == math.MaxUint32 {
-		return dst, nil
-	}
 	rest := key[len(key):]
 	if el.data != nil {
 		rest = el.data[len(el.data):]
 	}
-	return append(dst, nlElem{key: binary.BigEndian.AppendUint32(rest, last+1), intervalEnd: true}), nil
+	if end, ok := intervalEnd(binary.BigEndian.AppendUint32(rest, last)); ok {
+		dst = append(dst, end)
+	}
+	return dst, nil
 }
 
 // parseRange reads an interval key "first-last" of 32-bit numbers.

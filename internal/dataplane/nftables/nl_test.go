@@ -158,3 +158,36 @@ func TestBatchChunks(t *testing.T) {
 		t.Errorf("describe = %q, want %q", got, want)
 	}
 }
+
+// TestEncodeRangeElem: a range is its first key (with the data) and the
+// key after its last one flagged as the end, big endian; a range reaching
+// the top of the key space has no end element (as nft sends it).
+func TestEncodeRangeElem(t *testing.T) {
+	data := []string{"ipv4_addr", "inet_service"}
+	for _, tc := range []struct {
+		key     string
+		verb    opVerb
+		want    []string // hex keys, "end:" for the flagged one
+		hasData bool
+	}{
+		{"0-1048575", opAdd, []string{"00000000", "end:00100000"}, true},
+		{"4293918720-4294967295", opAdd, []string{"fff00000"}, true},
+		{"16-31", opDelete, []string{"00000010", "end:00000020"}, false},
+	} {
+		got, err := encodeRangeElem(nil, make([]byte, 0, 64), data, tc.verb, element{Key: []string{tc.key}, Value: []string{"198.18.64.10", "8080"}})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.key, err)
+		}
+		var keys []string
+		for _, e := range got {
+			k := hex.EncodeToString(e.key)
+			if e.intervalEnd {
+				k = "end:" + k
+			}
+			keys = append(keys, k)
+		}
+		if !slices.Equal(keys, tc.want) || (got[0].data != nil) != tc.hasData {
+			t.Errorf("%s %v: keys %q (data %x), want %q (data %v)", tc.key, tc.verb, keys, got[0].data, tc.want, tc.hasData)
+		}
+	}
+}

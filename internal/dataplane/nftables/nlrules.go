@@ -398,11 +398,22 @@ func intervalElems(p netip.Prefix) []nlElem {
 		host -= bitsHere
 	}
 	out := []nlElem{{key: first}}
+	if end, ok := intervalEnd(last); ok {
+		out = append(out, end)
+	}
+	return out
+}
+
+// intervalEnd turns last, an interval's last key (big endian), into the
+// element nft sends after it: the next key, flagged as the end. last is
+// incremented in place. There is none (false) when last is the top of the
+// key space.
+func intervalEnd(last []byte) (nlElem, bool) {
 	for i := len(last) - 1; i >= 0; i-- { // last+1, with carry
 		last[i]++
 		if last[i] != 0 {
-			return append(out, nlElem{key: last, intervalEnd: true})
+			return nlElem{key: last, intervalEnd: true}, true
 		}
 	}
-	return out
+	return nlElem{}, false
 }

@@ -163,58 +163,35 @@ func (r *renderer) externalChain(c *portCtx) {
 	if !c.sp.ExternallyAccessible() {
 		return
 	}
+	// Both policy chains a rule names here always exist for an externally
+	// accessible port (UsesClusterEndpoints, UsesLocalEndpoints).
 	var rules []string
 	target := c.cluster
 	if c.sp.ExternalPolicyLocal {
 		target = c.local
-		if c.cluster != "" {
-			if r.ifLocal != "" {
-				rules = append(rules, r.ifLocal+" goto "+c.cluster)
-			}
-			rules = append(rules, "fib saddr type local "+r.masq, "fib saddr type local goto "+c.cluster)
+		if r.ifLocal != "" {
+			rules = append(rules, r.ifLocal+" goto "+c.cluster)
 		}
+		rules = append(rules, "fib saddr type local "+r.masq, "fib saddr type local goto "+c.cluster)
 	} else {
 		rules = append(rules, r.masq)
 	}
-	if target != "" {
-		rules = append(rules, "goto "+target)
-	}
+	rules = append(rules, "goto "+target)
 	ch := &chain{Rules: rules, Name: contentName("ext", c.human, rules...)}
 	c.ps.Chains = append(c.ps.Chains, ch)
 	c.ext = ch.Name
 }
 
-// noEndpoints is what the filter chains do with new connections that no
-// policy chain DNATed because it had no endpoint to pick.
-type noEndpoints int
-
-const (
-	hasEndpoints noEndpoints = iota
-	rejectNoEndpoints
-	dropNoLocalEndpoints
-)
-
-// noEndpointsFor judges a frontend by its traffic policy: reject when the
-// port has no endpoint at all, or the Cluster policy has none; drop when the
-// Local policy has no local one.
-func (c *portCtx) noEndpointsFor(local bool) noEndpoints {
+// addNoEndpoints puts a frontend's key in the reject set of a pair when the
+// port has no endpoint at all, or the Cluster policy (local false) has
+// none; in the drop set when the Local policy has no local endpoint; in
+// neither when there is an endpoint to pick. The filter chains act on new
+// connections that no policy chain DNATed.
+func (c *portCtx) addNoEndpoints(local bool, reject, drop string, key []string) {
 	switch {
-	case !c.sp.HasEndpoints:
-		return rejectNoEndpoints
-	case local && len(c.sp.LocalEndpoints) == 0:
-		return dropNoLocalEndpoints
-	case !local && len(c.sp.ClusterEndpoints) == 0:
-		return rejectNoEndpoints
-	}
-	return hasEndpoints
-}
-
-// addNoEndpoints puts key in the reject or drop set of a pair.
-func (c *portCtx) addNoEndpoints(n noEndpoints, reject, drop string, key []string) {
-	switch n {
-	case rejectNoEndpoints:
+	case !c.sp.HasEndpoints, !local && len(c.sp.ClusterEndpoints) == 0:
 		c.add(reject, key, "")
-	case dropNoLocalEndpoints:
+	case local && len(c.sp.LocalEndpoints) == 0:
 		c.add(drop, key, "")
 	}
 }
@@ -242,10 +219,8 @@ func (r *renderer) clusterIP(c *portCtx) {
 	if c.sp.InternalPolicyLocal {
 		target = c.local
 	}
-	if target != "" {
-		c.add(mapServiceIPs, key, "goto "+target)
-	}
-	c.addNoEndpoints(c.noEndpointsFor(c.sp.InternalPolicyLocal), setServicesNoEndpoints, setServicesNoLocal, key)
+	c.add(mapServiceIPs, key, "goto "+target)
+	c.addNoEndpoints(c.sp.InternalPolicyLocal, setServicesNoEndpoints, setServicesNoLocal, key)
 }
 
 // externalIPs dispatches spec.externalIPs to the external chain.
@@ -258,7 +233,7 @@ func (r *renderer) externalIPs(c *portCtx) {
 func (r *renderer) externalDest(c *portCtx, ip netip.Addr) {
 	key := c.dstKey(ip)
 	c.add(mapServiceIPs, key, "goto "+c.ext)
-	c.addNoEndpoints(c.noEndpointsFor(c.sp.ExternalPolicyLocal), setServicesNoEndpoints, setServicesNoLocal, key)
+	c.addNoEndpoints(c.sp.ExternalPolicyLocal, setServicesNoEndpoints, setServicesNoLocal, key)
 }
 
 // loadBalancer dispatches load-balancer IPs and, with source ranges, sends
@@ -298,5 +273,5 @@ func (r *renderer) nodePort(c *portCtx) {
 	}
 	key := []string{c.proto, strconv.Itoa(int(c.sp.NodePort))}
 	c.add(mapServiceNodePorts, key, "goto "+c.ext)
-	c.addNoEndpoints(c.noEndpointsFor(c.sp.ExternalPolicyLocal), setNodePortsNoEndpoints, setNodePortsNoLocal, key)
+	c.addNoEndpoints(c.sp.ExternalPolicyLocal, setNodePortsNoEndpoints, setNodePortsNoLocal, key)
 }
