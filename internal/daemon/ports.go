@@ -92,6 +92,9 @@ type SyncReport struct {
 	Families []model.Family
 	Start    time.Time
 	Duration time.Duration
+	// Programmed is when the dataplane had the rules in the kernel, before
+	// the conntrack cleanup (zero when the sync failed).
+	Programmed time.Time
 	// Err is nil for a successful sync.
 	Err error
 	// Snapshot is the snapshot programmed (nil when the sync failed).

@@ -100,7 +100,7 @@ func (o *serverObserver) Queued(fams []model.Family) {
 
 func (o *serverObserver) Synced(r SyncReport) {
 	for i, f := range r.Families {
-		res := metrics.SyncResult{Family: f, Full: r.Full, Duration: r.Duration, End: r.Start.Add(r.Duration), Err: r.Err}
+		res := metrics.SyncResult{Family: f, Full: r.Full, Duration: r.Duration, End: r.Start.Add(r.Duration), Programmed: r.Programmed, Err: r.Err}
 		if r.Snapshot != nil {
 			res.Snapshot = r.Snapshot.Family(f)
 		}

@@ -36,6 +36,7 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 		return fmt.Errorf("%s sync (%s): %w", d.mode, req.Reason, err)
 	}
 	first := d.prev == nil
+	report.Programmed = dpDone
 	report.Conntrack = d.cleaner.Clean(ctx, d.prev, snap, req.Full)
 	ctDone := d.env.clock.Now()
 	d.prev = snap

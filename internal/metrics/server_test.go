@@ -189,6 +189,23 @@ next:
 	return 0, false
 }
 
+// histogramSum is the sample sum of the histogram name with labels (0 when absent).
+func histogramSum(fams map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
+	var sum float64
+	for _, m := range fams[name].GetMetric() {
+		match := true
+		for _, lp := range m.GetLabel() {
+			if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+				match = false
+			}
+		}
+		if match {
+			sum += m.GetHistogram().GetSampleSum()
+		}
+	}
+	return sum
+}
+
 func TestObserveSync(t *testing.T) {
 	end := time.Unix(1700000100, 0)
 	fs := &model.FamilySnapshot{Ports: []*model.ServicePort{port("a", true, true, 0, true)}}
@@ -197,6 +214,7 @@ func TestObserveSync(t *testing.T) {
 		mode string
 		r    SyncResult
 		want map[string]float64 // metric name -> value (histograms: sample count)
+		sums map[string]float64 // histogram name -> sample sum
 		none []string
 	}{
 		{
@@ -212,6 +230,19 @@ func TestObserveSync(t *testing.T) {
 				"kubeproxy_sync_proxy_rules_no_local_endpoints_total": 1,
 			},
 			none: []string{"kubeproxy_sync_full_proxy_rules_duration_seconds", "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"},
+		},
+		{
+			// Programming latency and the last-sync timestamp are taken when
+			// the rules were in the kernel, not after the conntrack cleanup.
+			name: "success programmed before the end",
+			mode: ModeNFTables,
+			r: SyncResult{Family: model.IPv4, Duration: 20 * time.Millisecond, End: end, Programmed: end.Add(-time.Second), Snapshot: fs,
+				TriggerTimes: []time.Time{end.Add(-1500 * time.Millisecond)}},
+			want: map[string]float64{
+				"kubeproxy_sync_proxy_rules_last_timestamp_seconds": 1700000099,
+				"kubeproxy_network_programming_duration_seconds":    1,
+			},
+			sums: map[string]float64{"kubeproxy_network_programming_duration_seconds": 0.5},
 		},
 		{
 			name: "nftables failure",
@@ -250,6 +281,11 @@ func TestObserveSync(t *testing.T) {
 			for name, want := range tc.want {
 				if got, ok := metricValue(t, fams, name, fam); !ok || got != want {
 					t.Errorf("%s = %v (present %v), want %v", name, got, ok, want)
+				}
+			}
+			for name, want := range tc.sums {
+				if got := histogramSum(fams, name, fam); got != want {
+					t.Errorf("%s sum = %v, want %v", name, got, want)
 				}
 			}
 			for _, name := range tc.none {

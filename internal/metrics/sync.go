@@ -14,6 +14,10 @@ type SyncResult struct {
 	Duration time.Duration
 	// End is when the attempt finished.
 	End time.Time
+	// Programmed is when the rules were in the kernel, before the conntrack
+	// cleanup; the network programming latency and the last-sync timestamp
+	// are taken then, as upstream does. Zero: End.
+	Programmed time.Time
 	// Err is nil when the dataplane was programmed.
 	Err error
 	// Snapshot is this family's programmed state; nil when Err is set.
@@ -37,10 +41,14 @@ func (m *Metrics) ObserveSync(r SyncResult) {
 		m.syncFailed(r.Family)
 		return
 	}
-	m.SyncSucceeded(r.Family, r.End)
+	programmed := r.Programmed
+	if programmed.IsZero() {
+		programmed = r.End
+	}
+	m.SyncSucceeded(r.Family, programmed)
 	for _, t := range r.TriggerTimes {
 		if !t.IsZero() {
-			m.NetworkProgrammed(r.Family, r.End.Sub(t))
+			m.NetworkProgrammed(r.Family, programmed.Sub(t))
 		}
 	}
 	if r.Snapshot != nil {

@@ -99,9 +99,15 @@ func (r *runBed) measureChanges(ctx context.Context, p params, w *probeWriter, f
 	if err != nil {
 		f.note("metrics before the storm: %v", err)
 	}
+	bare, err := watchProbeSlice(ctx, w.client, w.cur.ResourceVersion)
+	if err != nil {
+		f.note("bare watcher: %v", err)
+	} else {
+		defer bare.stop()
+	}
 	u0 := smp.phaseStart()
 	start := time.Now()
-	var lat []time.Duration
+	var lat, watchLat, afterWatch []time.Duration
 	for k := range p.changes {
 		if time.Since(start) > p.stormBound {
 			f.note("change storm stopped after %d of %d changes: %v bound", k, p.changes, p.stormBound)
@@ -115,6 +121,12 @@ func (r *runBed) measureChanges(ctx context.Context, p params, w *probeWriter, f
 			break
 		}
 		lat = append(lat, res.latency)
+		if bare != nil {
+			if at, ok := bare.arrival(w.cur.ResourceVersion, time.Second); ok {
+				watchLat = append(watchLat, at.Sub(res.start))
+				afterWatch = append(afterWatch, res.latency-at.Sub(res.start))
+			}
+		}
 		if (k+1)%50 == 0 {
 			r.t.Logf("bench: %d changes done, last %v", k+1, res.latency)
 		}
@@ -127,6 +139,12 @@ func (r *runBed) measureChanges(ctx context.Context, p params, w *probeWriter, f
 	f.set("changes", float64(len(lat)))
 	f.set("storm_s", storm.Seconds())
 	recordLatencies(f, lat)
+	if len(watchLat) > 0 {
+		f.set("watch_p50_ms", ms(percentile(sorted(watchLat), 0.50)))
+		f.set("watch_p99_ms", ms(percentile(sorted(watchLat), 0.99)))
+		f.set("after_watch_p50_ms", ms(percentile(sorted(afterWatch), 0.50)))
+		f.set("after_watch_p99_ms", ms(percentile(sorted(afterWatch), 0.99)))
+	}
 	after, err := scrapeHistograms(ctx, r.node.Netns, metricProgramming, metricSync)
 	if err != nil || before == nil {
 		f.note("metrics after the storm: %v", err)
@@ -146,13 +164,20 @@ func recordLatencies(f *figures, lat []time.Duration) {
 	if len(lat) == 0 {
 		return
 	}
-	s := slices.Clone(lat)
-	slices.Sort(s)
-	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	s := sorted(lat)
 	f.set("change_p50_ms", ms(percentile(s, 0.50)))
 	f.set("change_p90_ms", ms(percentile(s, 0.90)))
 	f.set("change_p99_ms", ms(percentile(s, 0.99)))
 	f.set("change_max_ms", ms(s[len(s)-1]))
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// sorted returns a sorted copy of d.
+func sorted(d []time.Duration) []time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s
 }
 
 // percentile of sorted s (nearest rank).

@@ -77,6 +77,7 @@ func (p prober) waitAnswering(targets []netip.AddrPort, every time.Duration, dea
 // changeResult is the outcome of one timed change.
 type changeResult struct {
 	latency  time.Duration // write start -> start of the first connect seeing the new state
+	start    time.Time     // write start
 	attempts int
 }
 
@@ -127,7 +128,7 @@ func (p prober) timeChange(dst netip.AddrPort, want outcome, every, bound time.D
 		// Connects started earlier may still be on their way: give them a
 		// moment, they may have seen the new state first.
 		l.drain(20*time.Millisecond, done)
-		res.latency = seen.start.Sub(t0)
+		res.start, res.latency = t0, seen.start.Sub(t0)
 		return nil
 	})
 	return res, err
