@@ -381,7 +381,7 @@ func (st *famState) diffElem(name, k string, h prior, t *txn) {
 	isMap := isMapName(name)
 	switch {
 	case w == nil && h.present:
-		t.dels = append(t.dels, elemOp(opDelete, &element{Set: name, Key: strings.Split(k, " . ")}, isMap))
+		t.dels = append(t.dels, elemOp(opDelete, &element{Set: name, Key: k}, isMap))
 	case w != nil && !h.present:
 		t.adds = append(t.adds, elemOp(opAdd, w.e, isMap))
 	case w != nil && h.value != w.e.value():

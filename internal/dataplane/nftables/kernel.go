@@ -134,7 +134,7 @@ func (k *knftKernel) ListElements(ctx context.Context, s *set) (map[string]strin
 	}
 	m := make(map[string]string, len(elems))
 	for _, e := range elems {
-		m[strings.Join(e.Key, " . ")] = strings.Join(e.Value, " ")
+		m[strings.Join(e.Key, fieldSep)] = strings.Join(e.Value, fieldSep)
 	}
 	return m, nil
 }

@@ -185,9 +185,9 @@ func encodeElem(dst []nlElem, scratch []byte, s *set, f setFields, verb opVerb, 
 		return encodeRangeElem(dst, scratch, dataFields, verb, e)
 	}
 	if slices.Contains(s.Flags, knftables.IntervalFlag) {
-		p, err := netip.ParsePrefix(e.Key[0])
+		p, err := netip.ParsePrefix(e.Key)
 		if err != nil {
-			a, err2 := netip.ParseAddr(e.Key[0])
+			a, err2 := netip.ParseAddr(e.Key)
 			if err2 != nil {
 				return nil, err
 			}
@@ -205,7 +205,7 @@ func encodeElem(dst []nlElem, scratch []byte, s *set, f setFields, verb opVerb, 
 	case dataFields[0] != "verdict":
 		el.data, err = appendKey(key[len(key):], dataFields, e.Value)
 	default:
-		el.verdict, err = parseVerdict(strings.Join(e.Value, " "))
+		el.verdict, err = parseVerdict(e.Value)
 	}
 	return append(dst, el), err
 }
@@ -215,7 +215,7 @@ func encodeElem(dst []nlElem, scratch []byte, s *set, f setFields, verb opVerb, 
 // end (none when the range reaches the top of the key space). Keys are big
 // endian, as the rule's byteorder conversion makes the numgen value.
 func encodeRangeElem(dst []nlElem, scratch []byte, dataFields []string, verb opVerb, e element) ([]nlElem, error) {
-	first, last, err := parseRange(e.Key[0])
+	first, last, err := parseRange(e.Key)
 	if err != nil {
 		return nil, err
 	}
@@ -258,17 +258,22 @@ func deref[T any](p *T) T {
 }
 
 // encodeKey is the inverse of decodeKey.
-func encodeKey(fields, key []string) ([]byte, error) { return appendKey(nil, fields, key) }
+func encodeKey(fields, key []string) ([]byte, error) {
+	return appendKey(nil, fields, strings.Join(key, fieldSep))
+}
 
-// appendKey appends the encoding of key to out.
-func appendKey(out []byte, fields, key []string) ([]byte, error) {
-	if len(fields) != len(key) {
-		return nil, fmt.Errorf("key %v does not match type %v", key, fields)
-	}
-	for i, f := range fields {
+// appendKey appends the encoding of text, fields joined by " . ", to out.
+func appendKey(out []byte, fields []string, text string) ([]byte, error) {
+	rest, more := text, true
+	for _, f := range fields {
+		if !more {
+			return nil, fmt.Errorf("key %q does not match type %v", text, fields)
+		}
+		var field string
+		field, rest, more = strings.Cut(rest, fieldSep)
 		switch f {
 		case "ipv4_addr", "ipv6_addr":
-			a, err := netip.ParseAddr(key[i])
+			a, err := netip.ParseAddr(field)
 			if err != nil {
 				return nil, err
 			}
@@ -280,19 +285,19 @@ func appendKey(out []byte, fields, key []string) ([]byte, error) {
 				out = append(out, b[:]...)
 			}
 		case "inet_proto":
-			p, ok := protoNumbers[key[i]]
+			p, ok := protoNumbers[field]
 			if !ok {
-				return nil, fmt.Errorf("unknown protocol %q", key[i])
+				return nil, fmt.Errorf("unknown protocol %q", field)
 			}
 			out = append(out, p)
 		case "numgen":
-			v, err := strconv.ParseUint(key[i], 10, 32)
+			v, err := strconv.ParseUint(field, 10, 32)
 			if err != nil {
 				return nil, err
 			}
 			out = binary.NativeEndian.AppendUint32(out, uint32(v))
 		case "inet_service":
-			v, err := strconv.ParseUint(key[i], 10, 16)
+			v, err := strconv.ParseUint(field, 10, 16)
 			if err != nil {
 				return nil, err
 			}
@@ -304,22 +309,28 @@ func appendKey(out []byte, fields, key []string) ([]byte, error) {
 			out = append(out, 0)
 		}
 	}
+	if more {
+		return nil, fmt.Errorf("key %q does not match type %v", text, fields)
+	}
 	return out, nil
 }
 
 var protoNumbers = map[string]byte{"tcp": unix.IPPROTO_TCP, "udp": unix.IPPROTO_UDP, "sctp": unix.IPPROTO_SCTP}
 
 func parseVerdict(v string) (*expr.Verdict, error) {
-	f := strings.Fields(v)
+	verb, chain, _ := strings.Cut(v, " ")
 	switch {
-	case len(f) == 2 && f[0] == "goto":
-		return &expr.Verdict{Kind: expr.VerdictGoto, Chain: f[1]}, nil
-	case len(f) == 2 && f[0] == "jump":
-		return &expr.Verdict{Kind: expr.VerdictJump, Chain: f[1]}, nil
-	case len(f) == 1 && f[0] == "drop":
+	case verb == "goto" && validChainRef(chain):
+		return &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain}, nil
+	case verb == "jump" && validChainRef(chain):
+		return &expr.Verdict{Kind: expr.VerdictJump, Chain: chain}, nil
+	case v == "drop":
 		return &expr.Verdict{Kind: expr.VerdictDrop}, nil
-	case len(f) == 1 && f[0] == "accept":
+	case v == "accept":
 		return &expr.Verdict{Kind: expr.VerdictAccept}, nil
 	}
 	return nil, fmt.Errorf("verdict %q", v)
 }
+
+// validChainRef reports whether s can be the chain of a goto or jump.
+func validChainRef(s string) bool { return s != "" && !strings.ContainsAny(s, " \t") }

@@ -174,7 +174,7 @@ func TestEncodeRangeElem(t *testing.T) {
 		{"4293918720-4294967295", opAdd, []string{"fff00000"}, true},
 		{"16-31", opDelete, []string{"00000010", "end:00000020"}, false},
 	} {
-		got, err := encodeRangeElem(nil, make([]byte, 0, 64), data, tc.verb, element{Key: []string{tc.key}, Value: []string{"198.18.64.10", "8080"}})
+		got, err := encodeRangeElem(nil, make([]byte, 0, 64), data, tc.verb, element{Key: tc.key, Value: "198.18.64.10 . 8080"})
 		if err != nil {
 			t.Fatalf("%s: %v", tc.key, err)
 		}

@@ -138,7 +138,7 @@ func decodeElem(fields, dataFields []string, isMap bool, el []byte) (string, str
 		return strings.Join(key, " . "), v, err
 	}
 	val, err := decodeKey(dataFields, attr(data, unix.NFTA_DATA_VALUE))
-	return strings.Join(key, " . "), strings.Join(val, " "), err
+	return strings.Join(key, fieldSep), strings.Join(val, fieldSep), err
 }
 
 // chainNames returns the names of the table's chains.
@@ -192,7 +192,7 @@ func decodeRangeEdge(dataFields []string, el []byte) (rangeEdge, error) {
 		return e, nil
 	}
 	val, err := decodeKey(dataFields, attr(attr(el, unix.NFTA_SET_ELEM_DATA), unix.NFTA_DATA_VALUE))
-	e.value = strings.Join(val, " ")
+	e.value = strings.Join(val, fieldSep)
 	return e, err
 }
 

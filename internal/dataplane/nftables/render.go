@@ -89,6 +89,9 @@ type renderer struct {
 	// full lists the ports whose endpoint-ranges map had no block left (they
 	// got plain-rule chains).
 	full []string
+	// elems is where a port's elements are gathered before they are copied
+	// out at their exact size (a full sync keeps 250k of them).
+	elems []element
 }
 
 func newRenderer(cfg dataplane.Config, fam model.Family, node model.NodeInfo) *renderer {
@@ -248,10 +251,10 @@ func (r *renderer) clusterIPsCheckRules() []string {
 func (r *renderer) configElems() []element {
 	var out []element
 	for _, c := range r.nodePortCIDRs {
-		out = append(out, element{Set: setNodePortIPs, Key: []string{c.String()}})
+		out = append(out, element{Set: setNodePortIPs, Key: c.String()})
 	}
 	for _, c := range r.serviceCIDRs {
-		out = append(out, element{Set: setServiceCIDRs, Key: []string{c.String()}})
+		out = append(out, element{Set: setServiceCIDRs, Key: c.String()})
 	}
 	return out
 }

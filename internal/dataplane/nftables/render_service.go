@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -29,9 +30,13 @@ type portCtx struct {
 func (r *renderer) port(sp *model.ServicePort) *portState {
 	proto := strings.ToLower(string(sp.Protocol))
 	c := &portCtx{
-		sp: sp, ps: &portState{}, proto: proto,
+		sp: sp, ps: &portState{Elems: r.elems[:0]}, proto: proto,
 		human: sp.ID.Namespace + "/" + sp.ID.Name + "/" + proto + "/" + sp.ID.Port,
 	}
+	defer func() {
+		r.elems = c.ps.Elems[:0]
+		c.ps.Elems = slices.Clone(c.ps.Elems)
+	}()
 	r.affinityKeys(c)
 	r.policyChains(c)
 	r.hairpin(c)
@@ -123,10 +128,7 @@ func (r *renderer) mappedChain(c *portCtx, prefix string, eps []*model.Endpoint)
 	c.ps.Blocks = append(c.ps.Blocks, key)
 	rule := fmt.Sprintf("meta l4proto %s dnat %s to numgen random mod %d offset %d map @%s", c.proto, r.ipX, blockSpan, b.offset(), b.shard)
 	for i, keyRange := range blockRanges(b, len(eps)) {
-		ep := eps[i]
-		// One backing array for key and value: 100k endpoints at 10k Services.
-		kv := []string{keyRange, ep.IP.String(), strconv.Itoa(int(ep.Port))}
-		c.ps.Elems = append(c.ps.Elems, element{Set: b.shard, Key: kv[0:1:1], Value: kv[1:3:3]})
+		c.ps.Elems = append(c.ps.Elems, element{Set: b.shard, Key: keyRange, Value: addrPort(eps[i].IP, eps[i].Port)})
 	}
 	ch := &chain{Rules: []string{rule}, Name: contentName(prefix, c.human+blockSuffix(b), rule)}
 	c.ps.Chains = append(c.ps.Chains, ch)
@@ -149,7 +151,7 @@ func (r *renderer) hairpin(c *portCtx) {
 	for _, ep := range c.sp.AllReachable {
 		if ep.IsLocal {
 			ip := ep.IP.String()
-			c.ps.Elems = append(c.ps.Elems, element{Set: setHairpin, Key: []string{ip, ip, c.proto, strconv.Itoa(int(ep.Port))}})
+			c.ps.Elems = append(c.ps.Elems, element{Set: setHairpin, Key: ip + fieldSep + ip + fieldSep + c.proto + fieldSep + strconv.Itoa(int(ep.Port))})
 		}
 	}
 }
@@ -187,7 +189,7 @@ func (r *renderer) externalChain(c *portCtx) {
 // none; in the drop set when the Local policy has no local endpoint; in
 // neither when there is an endpoint to pick. The filter chains act on new
 // connections that no policy chain DNATed.
-func (c *portCtx) addNoEndpoints(local bool, reject, drop string, key []string) {
+func (c *portCtx) addNoEndpoints(local bool, reject, drop string, key string) {
 	switch {
 	case !c.sp.HasEndpoints, !local && len(c.sp.ClusterEndpoints) == 0:
 		c.add(reject, key, "")
@@ -196,16 +198,23 @@ func (c *portCtx) addNoEndpoints(local bool, reject, drop string, key []string) 
 	}
 }
 
-func (c *portCtx) dstKey(ip netip.Addr) []string {
-	return []string{ip.String(), c.proto, strconv.Itoa(int(c.sp.Port))}
+// dstKey is the key "address . protocol . port" of a frontend.
+func (c *portCtx) dstKey(ip netip.Addr) string {
+	b := make([]byte, 0, 64)
+	b = ip.AppendTo(b)
+	b = append(append(append(b, fieldSep...), c.proto...), fieldSep...)
+	return string(strconv.AppendUint(b, uint64(c.sp.Port), 10))
 }
 
-func (c *portCtx) add(set string, key []string, value string) {
-	e := element{Set: set, Key: key}
-	if value != "" {
-		e.Value = []string{value}
-	}
-	c.ps.Elems = append(c.ps.Elems, e)
+// addrPort is the map value "address . port" of an endpoint.
+func addrPort(ip netip.Addr, port uint16) string {
+	b := make([]byte, 0, 64)
+	b = append(ip.AppendTo(b), fieldSep...)
+	return string(strconv.AppendUint(b, uint64(port), 10))
+}
+
+func (c *portCtx) add(set, key, value string) {
+	c.ps.Elems = append(c.ps.Elems, element{Set: set, Key: key, Value: value})
 }
 
 // clusterIP dispatches the cluster IP, or drops/rejects it.
@@ -213,7 +222,7 @@ func (r *renderer) clusterIP(c *portCtx) {
 	if !c.sp.ClusterIP.IsValid() {
 		return
 	}
-	c.add(setClusterIPs, []string{c.sp.ClusterIP.String()}, "")
+	c.add(setClusterIPs, c.sp.ClusterIP.String(), "")
 	key := c.dstKey(c.sp.ClusterIP)
 	target := c.cluster
 	if c.sp.InternalPolicyLocal {
@@ -271,7 +280,7 @@ func (r *renderer) nodePort(c *portCtx) {
 	if c.sp.NodePort == 0 {
 		return
 	}
-	key := []string{c.proto, strconv.Itoa(int(c.sp.NodePort))}
+	key := c.proto + fieldSep + strconv.Itoa(int(c.sp.NodePort))
 	c.add(mapServiceNodePorts, key, "goto "+c.ext)
 	c.addNoEndpoints(c.sp.ExternalPolicyLocal, setNodePortsNoEndpoints, setNodePortsNoLocal, key)
 }

@@ -226,7 +226,7 @@ func (tr *tracer) mappedDNAT(st *dptest.Branch, toks []string) (bool, string, []
 			break
 		}
 	}
-	f := strings.Split(rs[i].value, " ")
+	f := strings.Split(rs[i].value, fieldSep)
 	a, _ := netip.ParseAddr(f[0])
 	port, _ := strconv.Atoi(f[1])
 	st.Dst, st.DPort, st.DNATted = a, uint16(port), true
