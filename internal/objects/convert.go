@@ -176,6 +176,14 @@ func cloneStrings(s []string) []string {
 // are never written.
 var boolTrue, boolFalse = true, false
 
+// BoolPtr returns a shared pointer to b (never written through).
+func BoolPtr(b bool) *bool {
+	if b {
+		return &boolTrue
+	}
+	return &boolFalse
+}
+
 func cloneBool(b *bool) *bool {
 	switch {
 	case b == nil:

@@ -95,6 +95,7 @@ func (p prober) timeChange(dst netip.AddrPort, want outcome, every, bound time.D
 		t0 := time.Now()
 		go func() { werr <- write() }()
 		var seen *attempt
+		wrote := false
 		done := func(a *attempt) {
 			if a.outcome == want && (seen == nil || a.start.Before(seen.start)) {
 				seen = a
@@ -111,6 +112,7 @@ func (p prober) timeChange(dst netip.AddrPort, want outcome, every, bound time.D
 				if err != nil {
 					return fmt.Errorf("API write: %w", err)
 				}
+				wrote = true
 			default:
 			}
 			if !now.Before(next) {
@@ -129,6 +131,13 @@ func (p prober) timeChange(dst netip.AddrPort, want outcome, every, bound time.D
 		// moment, they may have seen the new state first.
 		l.drain(20*time.Millisecond, done)
 		res.start, res.latency = t0, seen.start.Sub(t0)
+		// The proxy may act before the API server answers the write: wait
+		// for the answer, so that the caller sees the written object.
+		if !wrote {
+			if err := <-werr; err != nil {
+				return fmt.Errorf("API write: %w", err)
+			}
+		}
 		return nil
 	})
 	return res, err

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -315,7 +314,7 @@ func streamedServices(c kubernetes.Interface) *streamList {
 
 // streamedSlices lists EndpointSlices item by item.
 func streamedSlices(c kubernetes.Interface) *streamList {
-	return &streamList{rc: c.DiscoveryV1().RESTClient(), resource: "endpointslices", item: decodeSlice, transform: slimSlice}
+	return &streamList{rc: c.DiscoveryV1().RESTClient(), resource: "endpointslices", item: decodeSliceWire, transform: slimSlice}
 }
 
 func decodeService(data []byte) (any, error) {
@@ -324,12 +323,4 @@ func decodeService(data []byte) (any, error) {
 		return nil, fmt.Errorf("decoding a Service: %w", err)
 	}
 	return slimService(svc)
-}
-
-func decodeSlice(data []byte) (any, error) {
-	es := &discoveryv1.EndpointSlice{}
-	if err := es.Unmarshal(data); err != nil {
-		return nil, fmt.Errorf("decoding an EndpointSlice: %w", err)
-	}
-	return slimSlice(es)
 }

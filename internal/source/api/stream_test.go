@@ -78,7 +78,7 @@ func TestDecodeProtoListSlices(t *testing.T) {
 	list := &discoveryv1.EndpointSliceList{ListMeta: metav1.ListMeta{ResourceVersion: "7"},
 		Items: []discoveryv1.EndpointSlice{*endpointSlice("a-1", "a"), *endpointSlice("h-1", "h", objects.LabelHeadless)}}
 	data := encodeProto(t, list, discoveryv1.SchemeGroupVersion)
-	got, err := decodeProtoList(bufio.NewReader(bytes.NewReader(data)), decodeSlice)
+	got, err := decodeProtoList(bufio.NewReader(bytes.NewReader(data)), decodeSliceWire)
 	if err != nil {
 		t.Fatal(err)
 	}
