@@ -171,6 +171,7 @@ func (s *suite) run(t *testing.T, c config, f *figures) {
 	}
 	if s.p.profile != "" {
 		go rb.captureProfile(t, s.profilePath(c, "cold.cpu"), "profile?seconds=20")
+		go rb.captureProfile(t, s.profilePath(c, "cold.trace"), "trace?seconds=4")
 	}
 	smp := startSampler(rb.proc.PID(), 100*time.Millisecond)
 	u0 := smp.phaseStart()
