@@ -93,6 +93,26 @@ func sub(typ protowire.Type) error {
 }
 
 func (s *sliceWire) slice(msg []byte) error {
+	// The cache keeps these lists: size them exactly (append's doubling
+	// left 16 places for 10 endpoints, 60 % more memory at 10k slices).
+	var nEndpoints, nPorts int
+	if err := eachField(msg, func(num protowire.Number, _ protowire.Type, _ []byte, _ uint64) error {
+		switch num {
+		case 2:
+			nEndpoints++
+		case 3:
+			nPorts++
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if nEndpoints > 0 {
+		s.out.Endpoints = make([]objects.Endpoint, 0, nEndpoints)
+	}
+	if nPorts > 0 {
+		s.out.Ports = make([]objects.EndpointPort, 0, nPorts)
+	}
 	return eachField(msg, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
 		var err error
 		switch num {

@@ -96,6 +96,12 @@ func TestDecodeSliceWire(t *testing.T) {
 			if !reflect.DeepEqual(got, want) {
 				t.Errorf("decodeSliceWire =\n%#v\nwant\n%#v", got, want)
 			}
+			// The cache keeps the lists: no room left over by append.
+			if es, ok := got.(*entry).obj.(*objects.EndpointSlice); ok {
+				if cap(es.Endpoints) != len(es.Endpoints) || cap(es.Ports) != len(es.Ports) {
+					t.Errorf("endpoints %d of capacity %d, ports %d of capacity %d", len(es.Endpoints), cap(es.Endpoints), len(es.Ports), cap(es.Ports))
+				}
+			}
 		})
 	}
 }
