@@ -211,11 +211,13 @@ func ServiceProxied(svc *corev1.Service) bool {
 // the kubernetes.io/service-name label, has no service.kubernetes.io/headless
 // label, and holds IP addresses (FQDN slices are not proxied).
 func SliceProxied(es *discoveryv1.EndpointSlice) bool {
-	if _, ok := es.Labels[LabelHeadless]; ok {
-		return false
-	}
-	if es.Labels[LabelServiceName] == "" {
-		return false
-	}
-	return es.AddressType == discoveryv1.AddressTypeIPv4 || es.AddressType == discoveryv1.AddressTypeIPv6
+	_, headless := es.Labels[LabelHeadless]
+	return SliceFieldsProxied(headless, es.Labels[LabelServiceName], string(es.AddressType))
+}
+
+// SliceFieldsProxied is SliceProxied for a slice read field by field:
+// whether it carries the headless label, its service-name label and its
+// address type.
+func SliceFieldsProxied(headless bool, serviceName, addressType string) bool {
+	return !headless && serviceName != "" && (addressType == AddressTypeIPv4 || addressType == AddressTypeIPv6)
 }

@@ -27,9 +27,7 @@ func decodeSliceWire(data []byte) (any, error) {
 		return nil, fmt.Errorf("decoding an EndpointSlice: %w", err)
 	}
 	e := &entry{namespace: s.out.Namespace, name: s.out.Name, resourceVersion: s.out.ResourceVersion}
-	proxied := !s.headless && s.out.ServiceName != "" &&
-		(s.out.AddressType == objects.AddressTypeIPv4 || s.out.AddressType == objects.AddressTypeIPv6)
-	if proxied {
+	if objects.SliceFieldsProxied(s.headless, s.out.ServiceName, s.out.AddressType) {
 		out := s.out
 		e.obj = &out
 	}
