@@ -300,7 +300,7 @@ func (st *famState) addWant(elems []element) {
 			m = map[string]*elemRef{}
 			st.want[e.Set] = m
 		}
-		k := e.key()
+		k := e.Key
 		if r := m[k]; r != nil {
 			r.n++
 			r.e = e
@@ -312,7 +312,7 @@ func (st *famState) addWant(elems []element) {
 
 func (st *famState) dropWant(elems []element) {
 	for _, e := range elems {
-		k := e.key()
+		k := e.Key
 		if r := st.want[e.Set][k]; r != nil {
 			if r.n--; r.n <= 0 {
 				delete(st.want[e.Set], k)
@@ -335,7 +335,7 @@ func priorOf(kernel map[string]string, wanted map[string]*elemRef, k string) pri
 		return prior{v, ok}
 	}
 	if r := wanted[k]; r != nil {
-		return prior{r.e.value(), true}
+		return prior{r.e.Value, true}
 	}
 	return prior{}
 }
@@ -384,7 +384,7 @@ func (st *famState) diffElem(name, k string, h prior, t *txn) {
 		t.dels = append(t.dels, elemOp(opDelete, &element{Set: name, Key: k}, isMap))
 	case w != nil && !h.present:
 		t.adds = append(t.adds, elemOp(opAdd, w.e, isMap))
-	case w != nil && h.value != w.e.value():
+	case w != nil && h.value != w.e.Value:
 		t.dels = append(t.dels, elemOp(opDelete, &element{Set: name, Key: w.e.Key}, isMap))
 		t.adds = append(t.adds, elemOp(opAdd, w.e, isMap))
 	}
@@ -514,7 +514,7 @@ func (st *famState) diffPort(old, next *portState, t *txn, touched map[string]ma
 			// The first touch records what the kernel holds: the
 			// last commit's want (incremental syncs follow a
 			// successful one), before this sync changes want.
-			k := e.key()
+			k := e.Key
 			if _, seen := touched[e.Set][k]; !seen {
 				touched[e.Set][k] = priorOf(nil, st.want[e.Set], k)
 			}

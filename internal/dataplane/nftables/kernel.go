@@ -75,7 +75,7 @@ type kernel interface {
 	// in the table; empty (no error) when the table does not exist.
 	List(ctx context.Context, objectType string) ([]string, error)
 	// ListElements returns the elements of a set or map as key -> value,
-	// formatted as render formats them (element.key(), element.value()).
+	// formatted as render formats them (element.Key, element.Value).
 	ListElements(ctx context.Context, s *set) (map[string]string, error)
 	// RuleCount returns the number of rules in a chain.
 	RuleCount(ctx context.Context, chain string) (int, error)

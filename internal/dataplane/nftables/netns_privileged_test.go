@@ -90,8 +90,8 @@ func TestPrivilegedClusterIPTraffic(t *testing.T) {
 	})
 	for name, elems := range want {
 		for k, ref := range elems {
-			if got, ok := st.kElems[name][k]; !ok || got != ref.e.value() {
-				t.Errorf("kernel element %s %q reads back as %q (present %v), rendered %q", name, k, got, ok, ref.e.value())
+			if got, ok := st.kElems[name][k]; !ok || got != ref.e.Value {
+				t.Errorf("kernel element %s %q reads back as %q (present %v), rendered %q", name, k, got, ok, ref.e.Value)
 			}
 		}
 	}
@@ -205,8 +205,8 @@ func TestPrivilegedFeatureTables(t *testing.T) {
 		for name, elems := range want {
 			for k, ref := range elems {
 				count++
-				if got, ok := st.kElems[name][k]; !ok || got != ref.e.value() {
-					t.Errorf("%s: element %s %q reads back as %q (present %v), rendered %q", f, name, k, got, ok, ref.e.value())
+				if got, ok := st.kElems[name][k]; !ok || got != ref.e.Value {
+					t.Errorf("%s: element %s %q reads back as %q (present %v), rendered %q", f, name, k, got, ok, ref.e.Value)
 				}
 			}
 		}

@@ -72,9 +72,6 @@ type element struct {
 	Value string
 }
 
-func (e element) key() string   { return e.Key }
-func (e element) value() string { return e.Value }
-
 // fieldSep separates the fields of a concatenated key or value.
 const fieldSep = " . "
 

@@ -30,7 +30,7 @@ func newTracer(t testing.TB, d *desired, localAddrs ...netip.Addr) *tracer {
 		if tr.sets[e.Set] == nil {
 			tr.sets[e.Set] = map[string]string{}
 		}
-		tr.sets[e.Set][e.key()] = e.value()
+		tr.sets[e.Set][e.Key] = e.Value
 	}
 	for _, c := range d.Chains {
 		tr.chains[c.Name] = c

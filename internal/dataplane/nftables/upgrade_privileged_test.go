@@ -75,8 +75,8 @@ func TestPrivilegedUpgradeFromPreviousLayout(t *testing.T) {
 		}
 		for name, elems := range st.want {
 			for k, ref := range elems {
-				if got, ok := st.kElems[name][k]; !ok || got != ref.e.value() {
-					t.Errorf("%s: element %s %q reads back as %q (present %v), rendered %q", f, name, k, got, ok, ref.e.value())
+				if got, ok := st.kElems[name][k]; !ok || got != ref.e.Value {
+					t.Errorf("%s: element %s %q reads back as %q (present %v), rendered %q", f, name, k, got, ok, ref.e.Value)
 				}
 			}
 			if len(st.kElems[name]) != len(elems) {
