@@ -11,6 +11,7 @@ import (
 	"slices"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -242,14 +243,6 @@ func (p *protoReader) ReadByte() (byte, error) {
 	return b, err
 }
 
-// Protobuf wire types.
-const (
-	wireVarint = 0
-	wireI64    = 1
-	wireBytes  = 2
-	wireI32    = 5
-)
-
 // bytesField reads the next field and, for a length-delimited one, its
 // length; other wire types are skipped. io.EOF means the stream ended
 // cleanly before a field.
@@ -259,9 +252,9 @@ func (p *protoReader) bytesField() (field int, n int, err error) {
 		if err != nil {
 			return 0, 0, err
 		}
-		field, wire := int(tag>>3), tag&7
+		field, wire := int(tag>>3), protowire.Type(tag&7)
 		switch wire {
-		case wireBytes:
+		case protowire.BytesType:
 			l, err := binary.ReadUvarint(p)
 			if err != nil {
 				return 0, 0, unexpectedEOF(err)
@@ -270,13 +263,13 @@ func (p *protoReader) bytesField() (field int, n int, err error) {
 				return 0, 0, fmt.Errorf("field %d length %d", field, l)
 			}
 			return field, int(l), nil
-		case wireVarint:
+		case protowire.VarintType:
 			if _, err := binary.ReadUvarint(p); err != nil {
 				return 0, 0, unexpectedEOF(err)
 			}
-		case wireI64:
+		case protowire.Fixed64Type:
 			err = p.skip(8)
-		case wireI32:
+		case protowire.Fixed32Type:
 			err = p.skip(4)
 		default:
 			return 0, 0, fmt.Errorf("field %d has unsupported wire type %d", field, wire)
