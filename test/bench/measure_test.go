@@ -139,12 +139,8 @@ func (r *runBed) measureChanges(ctx context.Context, p params, w *probeWriter, f
 	f.set("changes", float64(len(lat)))
 	f.set("storm_s", storm.Seconds())
 	recordLatencies(f, lat)
-	if len(watchLat) > 0 {
-		f.set("watch_p50_ms", ms(percentile(sorted(watchLat), 0.50)))
-		f.set("watch_p99_ms", ms(percentile(sorted(watchLat), 0.99)))
-		f.set("after_watch_p50_ms", ms(percentile(sorted(afterWatch), 0.50)))
-		f.set("after_watch_p99_ms", ms(percentile(sorted(afterWatch), 0.99)))
-	}
+	setQuantiles(f, "watch", watchLat, 0.50, 0.99)
+	setQuantiles(f, "after_watch", afterWatch, 0.50, 0.99)
 	after, err := scrapeHistograms(ctx, r.node.Netns, metricProgramming, metricSync)
 	if err != nil || before == nil {
 		f.note("metrics after the storm: %v", err)
@@ -164,20 +160,23 @@ func recordLatencies(f *figures, lat []time.Duration) {
 	if len(lat) == 0 {
 		return
 	}
-	s := sorted(lat)
-	f.set("change_p50_ms", ms(percentile(s, 0.50)))
-	f.set("change_p90_ms", ms(percentile(s, 0.90)))
-	f.set("change_p99_ms", ms(percentile(s, 0.99)))
-	f.set("change_max_ms", ms(s[len(s)-1]))
+	setQuantiles(f, "change", lat, 0.50, 0.90, 0.99)
+	f.set("change_max_ms", ms(slices.Max(lat)))
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// sorted returns a sorted copy of d.
-func sorted(d []time.Duration) []time.Duration {
+// setQuantiles sets NAME_pNN_ms for each quantile q of d (nothing when d
+// is empty).
+func setQuantiles(f *figures, name string, d []time.Duration, qs ...float64) {
+	if len(d) == 0 {
+		return
+	}
 	s := slices.Clone(d)
 	slices.Sort(s)
-	return s
+	for _, q := range qs {
+		f.set(fmt.Sprintf("%s_p%02.0f_ms", name, q*100), ms(percentile(s, q)))
+	}
 }
 
 // percentile of sorted s (nearest rank).

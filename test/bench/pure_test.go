@@ -3,12 +3,14 @@
 package bench
 
 import (
+	"maps"
 	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Unprivileged checks of the benchmark's pure helpers (run without
@@ -125,5 +127,22 @@ func TestPureObjects(t *testing.T) {
 	}
 	if s := sampleIndexes(3); len(s) != 3 {
 		t.Errorf("sampleIndexes(3) = %v", s)
+	}
+}
+
+func TestRecordLatencies(t *testing.T) {
+	var lat []time.Duration
+	for i := 100; i >= 1; i-- {
+		lat = append(lat, time.Duration(i)*time.Millisecond)
+	}
+	f := newFigures()
+	recordLatencies(f, lat)
+	setQuantiles(f, "watch", lat[:0], 0.5)
+	want := map[string]float64{"change_p50_ms": 50, "change_p90_ms": 90, "change_p99_ms": 99, "change_max_ms": 100}
+	if !maps.Equal(f.values, want) {
+		t.Errorf("figures %v, want %v", f.values, want)
+	}
+	if lat[0] != 100*time.Millisecond {
+		t.Error("recordLatencies reordered its input")
 	}
 }
