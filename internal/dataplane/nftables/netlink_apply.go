@@ -39,18 +39,9 @@ type nlTxn struct {
 // setFields are the wire types of a set's key and data.
 type setFields struct{ key, data []string }
 
-// apply sends ops as one netlink batch: atomic, like nft -f, without the
-// CLI's parsing and cache fetch. It returns errNoNetlink, before sending
-// anything, when an op does not translate.
-func (n *netlinkReader) apply(ops opList, sets map[string]*set) error {
-	b, err := n.encode(ops, sets)
-	if err != nil {
-		return err
-	}
-	return b.send()
-}
-
-// encode writes ops into a batch, not sent.
+// encode writes ops into a batch, which nlBatch.send sends as one
+// transaction: atomic, like nft -f, without the CLI's parsing and cache
+// fetch. It returns errNoNetlink when an op does not translate.
 func (n *netlinkReader) encode(ops opList, sets map[string]*set) (*nlBatch, error) {
 	fam := byte(unix.NFPROTO_IPV4)
 	if n.v6() {

@@ -310,6 +310,17 @@ func TestPrivilegedNetlinkEqualsCLI(t *testing.T) {
 					t.Fatalf("nft -f: %v\n%s", err, out)
 				}
 			}
+			// The same table loaded cold in stages of a few operations
+			// (each a transaction the kernel checks on its own).
+			viaStages := newTestNet(t)
+			withStages(t, 1, 7)
+			p3, _ := New(cfg)
+			viaStages.sync(p3, snap, dataplane.SyncRequest{Full: true})
+			for _, f := range cfg.Families {
+				if n := p3.fams[f].kern.(*nlKernel).batches; n < 2 {
+					t.Fatalf("%s: the staged cold sync sent %d batches", f, n)
+				}
+			}
 			for _, fam := range []string{"ip", "ip6"} {
 				a, b := listTable(t, viaNetlink.Node, fam), listTable(t, viaCLI.Node, fam)
 				a = checkAffinityLookups(t, a)
@@ -319,6 +330,9 @@ func TestPrivilegedNetlinkEqualsCLI(t *testing.T) {
 				t.Logf("%s: %d lines compared", fam, strings.Count(a, "\n"))
 				if a != b {
 					t.Errorf("%s tables differ:\n--- netlink\n%s\n--- CLI\n%s", fam, a, b)
+				}
+				if c := checkAffinityLookups(t, listTable(t, viaStages.Node, fam)); c != b {
+					t.Errorf("%s tables differ:\n--- netlink, staged\n%s\n--- CLI\n%s", fam, c, b)
 				}
 			}
 		})
