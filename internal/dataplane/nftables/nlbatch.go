@@ -137,6 +137,31 @@ func appendAttr(buf []byte, typ uint16, data []byte) []byte {
 	return buf
 }
 
+// attrU32 appends a big-endian 32-bit attribute.
+func (b *nlBatch) attrU32(typ uint16, v uint32) {
+	b.buf = binary.NativeEndian.AppendUint16(b.buf, 8)
+	b.buf = binary.NativeEndian.AppendUint16(b.buf, typ)
+	b.buf = binary.BigEndian.AppendUint32(b.buf, v)
+}
+
+// attrStr appends a NUL-terminated string attribute, padded.
+func (b *nlBatch) attrStr(typ uint16, s string) {
+	b.buf = binary.NativeEndian.AppendUint16(b.buf, uint16(4+len(s)+1))
+	b.buf = binary.NativeEndian.AppendUint16(b.buf, typ)
+	b.buf = append(b.buf, s...)
+	b.buf = append(b.buf, 0)
+	for len(b.buf)%4 != 0 {
+		b.buf = append(b.buf, 0)
+	}
+}
+
+// value appends a nested NFTA_DATA_VALUE holding data.
+func (b *nlBatch) value(typ uint16, data []byte) {
+	n := b.nest(typ)
+	b.attr(unix.NFTA_DATA_VALUE, data)
+	b.end(n)
+}
+
 // nest opens a nested attribute; close it with end.
 func (b *nlBatch) nest(typ uint16) int {
 	start := len(b.buf)
@@ -148,8 +173,6 @@ func (b *nlBatch) nest(typ uint16) int {
 func (b *nlBatch) end(start int) {
 	binary.NativeEndian.PutUint16(b.buf[start:], uint16(len(b.buf)-start))
 }
-
-func cstr(s string) []byte { return append([]byte(s), 0) }
 
 func be32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
 

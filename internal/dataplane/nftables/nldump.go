@@ -119,8 +119,8 @@ func (n *netlinkReader) elementMap(s *set) (map[string]string, error) {
 // attributes.
 func (n *netlinkReader) eachElement(s *set, fn func(el []byte)) error {
 	return n.dump(unix.NFT_MSG_GETSETELEM, func(b *nlBatch) {
-		b.attr(unix.NFTA_SET_ELEM_LIST_TABLE, cstr(b.table))
-		b.attr(unix.NFTA_SET_ELEM_LIST_SET, cstr(s.Name))
+		b.attrStr(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
+		b.attrStr(unix.NFTA_SET_ELEM_LIST_SET, s.Name)
 	}, func(attrs []byte) error {
 		eachAttr(attr(attrs, unix.NFTA_SET_ELEM_LIST_ELEMENTS), func(_ uint16, el []byte) { fn(el) })
 		return nil
@@ -145,7 +145,7 @@ func decodeElem(fields, dataFields []string, isMap bool, el []byte) (string, str
 func (n *netlinkReader) chainNames() ([]string, error) {
 	var names []string
 	err := n.dump(unix.NFT_MSG_GETCHAIN, func(b *nlBatch) {
-		b.attr(unix.NFTA_CHAIN_TABLE, cstr(b.table))
+		b.attrStr(unix.NFTA_CHAIN_TABLE, b.table)
 	}, func(attrs []byte) error {
 		if string(attr(attrs, unix.NFTA_CHAIN_TABLE)) == n.table.Name+"\x00" {
 			names = append(names, strings.TrimRight(string(attr(attrs, unix.NFTA_CHAIN_NAME)), "\x00"))

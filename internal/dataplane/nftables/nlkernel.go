@@ -166,7 +166,7 @@ func (n *netlinkReader) deleteTable(name string) error {
 	}
 	b := newNLBatch(fam, name, 256)
 	m := b.msg(unix.NFT_MSG_DELTABLE, 0)
-	b.attr(unix.NFTA_TABLE_NAME, cstr(name))
+	b.attrStr(unix.NFTA_TABLE_NAME, name)
 	b.finish(m)
 	if err := b.send(); err != nil && !errors.Is(err, syscall.ENOENT) {
 		return err

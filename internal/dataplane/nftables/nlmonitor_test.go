@@ -25,7 +25,7 @@ func encodeNotifications(ns ...notification) []byte {
 		b := &nlBatch{fam: n.fam, seq: 1}
 		m := b.msg(n.typ, 0)
 		for _, k := range slices.Sorted(maps.Keys(n.attrs)) {
-			b.attr(k, cstr(n.attrs[k]))
+			b.attrStr(k, n.attrs[k])
 		}
 		b.finish(m)
 		binary.NativeEndian.PutUint32(b.buf[m+12:], n.port)

@@ -28,7 +28,7 @@ const (
 
 func (b *nlBatch) addTable(comment string) {
 	m := b.msg(unix.NFT_MSG_NEWTABLE, createFlags)
-	b.attr(unix.NFTA_TABLE_NAME, cstr(b.table))
+	b.attrStr(unix.NFTA_TABLE_NAME, b.table)
 	b.attr(unix.NFTA_TABLE_FLAGS, be32(0))
 	if comment != "" {
 		b.attr(nftaTableUserdata, userdata.AppendString(nil, udataTableComment, comment))
@@ -55,8 +55,8 @@ var priorities = map[knftables.BaseChainPriority]int32{
 // addChain adds a chain (a base chain when c.Hook is set).
 func (b *nlBatch) addChain(c *knftables.Chain) error {
 	m := b.msg(unix.NFT_MSG_NEWCHAIN, createFlags)
-	b.attr(unix.NFTA_CHAIN_TABLE, cstr(b.table))
-	b.attr(unix.NFTA_CHAIN_NAME, cstr(c.Name))
+	b.attrStr(unix.NFTA_CHAIN_TABLE, b.table)
+	b.attrStr(unix.NFTA_CHAIN_NAME, c.Name)
 	if c.Hook != nil {
 		hook, ok1 := hookNums[*c.Hook]
 		prio, ok2 := priorities[*c.Priority]
@@ -68,7 +68,7 @@ func (b *nlBatch) addChain(c *knftables.Chain) error {
 		b.attr(unix.NFTA_HOOK_PRIORITY, be32(uint32(prio)))
 		b.end(h)
 		b.attr(unix.NFTA_CHAIN_POLICY, be32(nfAccept))
-		b.attr(unix.NFTA_CHAIN_TYPE, cstr(string(*c.Type)))
+		b.attrStr(unix.NFTA_CHAIN_TYPE, string(*c.Type))
 	}
 	b.finish(m)
 	return nil
@@ -76,31 +76,29 @@ func (b *nlBatch) addChain(c *knftables.Chain) error {
 
 func (b *nlBatch) delChain(name string) {
 	m := b.msg(unix.NFT_MSG_DELCHAIN, 0)
-	b.attr(unix.NFTA_CHAIN_TABLE, cstr(b.table))
-	b.attr(unix.NFTA_CHAIN_NAME, cstr(name))
+	b.attrStr(unix.NFTA_CHAIN_TABLE, b.table)
+	b.attrStr(unix.NFTA_CHAIN_NAME, name)
 	b.finish(m)
 }
 
 // flushChain deletes every rule of a chain.
 func (b *nlBatch) flushChain(name string) {
 	m := b.msg(unix.NFT_MSG_DELRULE, 0)
-	b.attr(unix.NFTA_RULE_TABLE, cstr(b.table))
-	b.attr(unix.NFTA_RULE_CHAIN, cstr(name))
+	b.attrStr(unix.NFTA_RULE_TABLE, b.table)
+	b.attrStr(unix.NFTA_RULE_CHAIN, name)
 	b.finish(m)
 }
 
 // addRule appends a rule made of exprs to a chain.
 func (b *nlBatch) addRule(chain, text string, exprs []expr.Any) error {
 	m := b.msg(unix.NFT_MSG_NEWRULE, createFlags|unix.NLM_F_APPEND)
-	b.attr(unix.NFTA_RULE_TABLE, cstr(b.table))
-	b.attr(unix.NFTA_RULE_CHAIN, cstr(chain))
+	b.attrStr(unix.NFTA_RULE_TABLE, b.table)
+	b.attrStr(unix.NFTA_RULE_CHAIN, chain)
 	l := b.nest(unix.NFTA_RULE_EXPRESSIONS)
 	for _, e := range exprs {
-		data, err := expr.Marshal(b.fam, e)
-		if err != nil {
+		if err := b.appendExpr(e); err != nil {
 			return fmt.Errorf("rule %q: %w", text, err)
 		}
-		b.attr(unix.NFTA_LIST_ELEM|unix.NLA_F_NESTED, data)
 	}
 	b.end(l)
 	b.finish(m)
@@ -153,8 +151,8 @@ func (b *nlBatch) addSet(s *set) error {
 	}
 	b.setID++
 	m := b.msg(unix.NFT_MSG_NEWSET, createFlags)
-	b.attr(unix.NFTA_SET_TABLE, cstr(b.table))
-	b.attr(unix.NFTA_SET_NAME, cstr(s.Name))
+	b.attrStr(unix.NFTA_SET_TABLE, b.table)
+	b.attrStr(unix.NFTA_SET_NAME, s.Name)
 	b.attr(unix.NFTA_SET_FLAGS, be32(flags))
 	b.attr(unix.NFTA_SET_KEY_TYPE, be32(keyType))
 	b.attr(unix.NFTA_SET_KEY_LEN, be32(keyLen))
@@ -203,16 +201,16 @@ func setUserdata(s *set) []byte {
 
 func (b *nlBatch) delSet(name string) {
 	m := b.msg(unix.NFT_MSG_DELSET, 0)
-	b.attr(unix.NFTA_SET_TABLE, cstr(b.table))
-	b.attr(unix.NFTA_SET_NAME, cstr(name))
+	b.attrStr(unix.NFTA_SET_TABLE, b.table)
+	b.attrStr(unix.NFTA_SET_NAME, name)
 	b.finish(m)
 }
 
 // flushSet deletes every element of a set.
 func (b *nlBatch) flushSet(name string) {
 	m := b.msg(unix.NFT_MSG_DELSETELEM, 0)
-	b.attr(unix.NFTA_SET_ELEM_LIST_TABLE, cstr(b.table))
-	b.attr(unix.NFTA_SET_ELEM_LIST_SET, cstr(name))
+	b.attrStr(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
+	b.attrStr(unix.NFTA_SET_ELEM_LIST_SET, name)
 	b.finish(m)
 }
 
@@ -247,8 +245,8 @@ func (w *elemWriter) add(e nlElem) {
 			typ, flags = unix.NFT_MSG_DELSETELEM, 0
 		}
 		w.msg = b.msg(typ, flags)
-		b.attr(unix.NFTA_SET_ELEM_LIST_TABLE, cstr(b.table))
-		b.attr(unix.NFTA_SET_ELEM_LIST_SET, cstr(w.set))
+		b.attrStr(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
+		b.attrStr(unix.NFTA_SET_ELEM_LIST_SET, w.set)
 		w.list = b.nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS)
 	}
 	el := b.nest(unix.NFTA_LIST_ELEM)
@@ -264,7 +262,7 @@ func (w *elemWriter) add(e nlElem) {
 		v := b.nest(unix.NFTA_DATA_VERDICT)
 		b.attr(unix.NFTA_VERDICT_CODE, be32(uint32(e.verdict.Kind)))
 		if e.verdict.Chain != "" {
-			b.attr(unix.NFTA_VERDICT_CHAIN, cstr(e.verdict.Chain))
+			b.attrStr(unix.NFTA_VERDICT_CHAIN, e.verdict.Chain)
 		}
 		b.end(v)
 		b.end(d)
