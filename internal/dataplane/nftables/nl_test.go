@@ -19,22 +19,25 @@ import (
 	"github.com/kproxy/kproxy/internal/model"
 )
 
+// netlinkConfigs are the configurations whose renderings the netlink tests
+// translate: every detect-local mode, masquerade-all, nodePortAddresses.
+var netlinkConfigs = map[string]func(*dataplane.Config){
+	"cluster-cidr":   func(*dataplane.Config) {},
+	"node-cidr":      func(c *dataplane.Config) { c.LocalMode = dataplane.LocalNodeCIDR },
+	"bridge":         func(c *dataplane.Config) { c.LocalMode, c.BridgeInterface = dataplane.LocalBridgeInterface, "cbr0" },
+	"prefix":         func(c *dataplane.Config) { c.LocalMode, c.InterfacePrefix = dataplane.LocalInterfacePrefix, "veth" },
+	"masquerade-all": func(c *dataplane.Config) { c.MasqueradeAll = true; c.LocalMode = dataplane.LocalNone },
+	"nodeport-addresses": func(c *dataplane.Config) {
+		c.NodePortAddresses = []string{"primary", "198.18.0.0/15", "198.18.64.0/24", "fd00:1::/64", "::/0"}
+	},
+}
+
 // TestNetlinkTranslatesEverything encodes the full sync of every feature,
 // in both families and every detect-local mode, as a netlink batch: render
 // must never produce anything the netlink path cannot send (there is no
 // nft CLI fallback).
 func TestNetlinkTranslatesEverything(t *testing.T) {
-	configs := map[string]func(*dataplane.Config){
-		"cluster-cidr":   func(*dataplane.Config) {},
-		"node-cidr":      func(c *dataplane.Config) { c.LocalMode = dataplane.LocalNodeCIDR },
-		"bridge":         func(c *dataplane.Config) { c.LocalMode, c.BridgeInterface = dataplane.LocalBridgeInterface, "cbr0" },
-		"prefix":         func(c *dataplane.Config) { c.LocalMode, c.InterfacePrefix = dataplane.LocalInterfacePrefix, "veth" },
-		"masquerade-all": func(c *dataplane.Config) { c.MasqueradeAll = true; c.LocalMode = dataplane.LocalNone },
-		"nodeport-addresses": func(c *dataplane.Config) {
-			c.NodePortAddresses = []string{"primary", "198.18.0.0/15", "198.18.64.0/24", "fd00:1::/64", "::/0"}
-		},
-	}
-	for name, mod := range configs {
+	for name, mod := range netlinkConfigs {
 		cfg := dptest.Config()
 		mod(&cfg)
 		snap := featureSnapshot()

@@ -165,55 +165,45 @@ func pick(cond bool, yes, no uint16) uint16 {
 	return no
 }
 
-func natFlags(e *expr.NAT) uint32 {
-	var f uint32
-	for _, b := range []struct {
-		set  bool
-		flag uint32
-	}{
-		{e.Random, expr.NF_NAT_RANGE_PROTO_RANDOM},
-		{e.FullyRandom, expr.NF_NAT_RANGE_PROTO_RANDOM_FULLY},
-		{e.Persistent, expr.NF_NAT_RANGE_PERSISTENT},
-		{e.Prefix, expr.NF_NAT_RANGE_PREFIX},
-		{e.Specified, expr.NF_NAT_RANGE_PROTO_SPECIFIED},
-	} {
-		if b.set {
-			f |= b.flag
+// flagBit is one bit of a flags attribute and whether it is set.
+type flagBit struct {
+	set bool
+	bit uint32
+}
+
+// orFlags ORs the set flags.
+func orFlags(flags ...flagBit) uint32 {
+	var v uint32
+	for _, f := range flags {
+		if f.set {
+			v |= f.bit
 		}
 	}
-	return f
+	return v
+}
+
+func natFlags(e *expr.NAT) uint32 {
+	return orFlags(
+		flagBit{e.Random, expr.NF_NAT_RANGE_PROTO_RANDOM},
+		flagBit{e.FullyRandom, expr.NF_NAT_RANGE_PROTO_RANDOM_FULLY},
+		flagBit{e.Persistent, expr.NF_NAT_RANGE_PERSISTENT},
+		flagBit{e.Prefix, expr.NF_NAT_RANGE_PREFIX},
+		flagBit{e.Specified, expr.NF_NAT_RANGE_PROTO_SPECIFIED})
 }
 
 func fibFlags(e *expr.Fib) uint32 {
-	var f uint32
-	for _, b := range []struct {
-		set  bool
-		flag uint32
-	}{
-		{e.FlagSADDR, unix.NFTA_FIB_F_SADDR},
-		{e.FlagDADDR, unix.NFTA_FIB_F_DADDR},
-		{e.FlagMARK, unix.NFTA_FIB_F_MARK},
-		{e.FlagIIF, unix.NFTA_FIB_F_IIF},
-		{e.FlagOIF, unix.NFTA_FIB_F_OIF},
-		{e.FlagPRESENT, unix.NFTA_FIB_F_PRESENT},
-	} {
-		if b.set {
-			f |= b.flag
-		}
-	}
-	return f
+	return orFlags(
+		flagBit{e.FlagSADDR, unix.NFTA_FIB_F_SADDR},
+		flagBit{e.FlagDADDR, unix.NFTA_FIB_F_DADDR},
+		flagBit{e.FlagMARK, unix.NFTA_FIB_F_MARK},
+		flagBit{e.FlagIIF, unix.NFTA_FIB_F_IIF},
+		flagBit{e.FlagOIF, unix.NFTA_FIB_F_OIF},
+		flagBit{e.FlagPRESENT, unix.NFTA_FIB_F_PRESENT})
 }
 
 func fibResults(e *expr.Fib) uint32 {
-	var r uint32
-	if e.ResultOIF {
-		r |= unix.NFT_FIB_RESULT_OIF
-	}
-	if e.ResultOIFNAME {
-		r |= unix.NFT_FIB_RESULT_OIFNAME
-	}
-	if e.ResultADDRTYPE {
-		r |= unix.NFT_FIB_RESULT_ADDRTYPE
-	}
-	return r
+	return orFlags(
+		flagBit{e.ResultOIF, unix.NFT_FIB_RESULT_OIF},
+		flagBit{e.ResultOIFNAME, unix.NFT_FIB_RESULT_OIFNAME},
+		flagBit{e.ResultADDRTYPE, unix.NFT_FIB_RESULT_ADDRTYPE})
 }

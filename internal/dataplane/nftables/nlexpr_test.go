@@ -8,7 +8,6 @@ import (
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
-	"github.com/kproxy/kproxy/internal/dataplane"
 	"github.com/kproxy/kproxy/internal/dataplane/dptest"
 	"github.com/kproxy/kproxy/internal/model"
 )
@@ -47,18 +46,8 @@ func checkSameEncoding(t *testing.T, what string, fam byte, e expr.Any) {
 // nodePortAddresses), and hand-made values of every field appendExpr
 // writes, encode to the bytes google/nftables' marshalling gives.
 func TestAppendExprMatchesMarshal(t *testing.T) {
-	configs := map[string]func(*dataplane.Config){
-		"cluster-cidr":   func(*dataplane.Config) {},
-		"node-cidr":      func(c *dataplane.Config) { c.LocalMode = dataplane.LocalNodeCIDR },
-		"bridge":         func(c *dataplane.Config) { c.LocalMode, c.BridgeInterface = dataplane.LocalBridgeInterface, "cbr0" },
-		"prefix":         func(c *dataplane.Config) { c.LocalMode, c.InterfacePrefix = dataplane.LocalInterfacePrefix, "veth" },
-		"masquerade-all": func(c *dataplane.Config) { c.MasqueradeAll = true; c.LocalMode = dataplane.LocalNone },
-		"nodeport-addresses": func(c *dataplane.Config) {
-			c.NodePortAddresses = []string{"primary", "198.18.0.0/15", "198.18.64.0/24", "fd00:1::/64", "::/0"}
-		},
-	}
 	types := map[string]int{}
-	for name, mod := range configs {
+	for name, mod := range netlinkConfigs {
 		cfg := dptest.Config()
 		mod(&cfg)
 		snap := featureSnapshot()
