@@ -105,7 +105,7 @@ func BenchmarkIncrementalSync10k(b *testing.B) {
 
 // BenchmarkColdSync10k measures the user-space part of a cold full sync at
 // 10k Services x 10 endpoints: render, diff against an empty kernel, and
-// encoding the netlink batch (not sent).
+// encoding the netlink batches (not sent): the stages and the final one.
 func BenchmarkColdSync10k(b *testing.B) {
 	snap := scaleSnapshot(10000, 10)
 	cfg := dptest.Config()
@@ -119,8 +119,10 @@ func BenchmarkColdSync10k(b *testing.B) {
 		if err := st.prepareFull(ctx, cfg, snap.V4, snap.Node, &t); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := newNetlinkReader(model.IPv4, DefaultTableName).encode(t.ops(), sets); err != nil {
-			b.Fatal(err)
+		for _, stage := range t.stages(st.cur) {
+			if _, err := newNetlinkReader(model.IPv4, DefaultTableName).encode(stage(), sets); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 }
