@@ -267,8 +267,8 @@ func (st *famState) prepareFull(ctx context.Context, cfg dataplane.Config, fs *m
 	st.r.slots = st.slots
 	d := st.r.fixed()
 	st.seen = make(map[model.PortID]*model.ServicePort, len(fs.Ports))
-	st.bySvc = map[objects.Key][]model.PortID{}
-	used := map[string]bool{}
+	st.bySvc = make(map[objects.Key][]model.PortID, len(fs.Ports))
+	used := make(map[string]bool, len(fs.Ports))
 	for _, sp := range fs.Ports {
 		ps := st.r.port(sp)
 		d.Ports[sp.ID] = ps
@@ -296,7 +296,11 @@ func (st *famState) fullOps(d *desired, t *txn) {
 		t.addChain(c, true)
 	}
 	configElemOps(d.Elems, t)
-	wantChains := map[string]bool{}
+	nChains := 0
+	for _, ps := range d.Ports {
+		nChains += len(ps.Chains)
+	}
+	wantChains := make(map[string]bool, nChains)
 	prevWant := st.want
 	// Sized up front: growing 40 maps to 200k entries costs a tenth of
 	// the user-space time of a cold sync at 10k Services.
@@ -309,6 +313,10 @@ func (st *famState) fullOps(d *desired, t *txn) {
 	st.want = make(map[string]map[string]*elemRef, len(sizes))
 	for name, n := range sizes {
 		st.want[name] = make(map[string]*elemRef, n)
+	}
+	if t.staging {
+		t.fresh = make([]*chain, 0, nChains)
+		t.freshEnds = make([]int, 0, len(d.Ports))
 	}
 	for _, id := range sortedIDs(d.Ports) {
 		ps := d.Ports[id]
