@@ -27,7 +27,7 @@ func slice(name, service, rv string, ips ...string) *objects.EndpointSlice {
 	es := &objects.EndpointSlice{Namespace: "ns", Name: name, ResourceVersion: rv, ServiceName: service,
 		AddressType: objects.AddressTypeIPv4, Ports: []objects.EndpointPort{{Port: 8080}}}
 	for _, ip := range ips {
-		es.Endpoints = append(es.Endpoints, objects.Endpoint{Addresses: []string{ip}})
+		es.Endpoints = append(es.Endpoints, objects.Endpoint{Address: ip, HasAddress: true})
 	}
 	return es
 }

@@ -137,13 +137,13 @@ func slicePort(j int, p objects.EndpointPort, probs *problemList) (portSpec, boo
 // applying upstream's defaults to the conditions.
 func (r *endpointReader) endpoint(f Family, j int, e *objects.Endpoint, probs *problemList) (Endpoint, bool) {
 	field := "endpoints[" + strconv.Itoa(j) + "].addresses"
-	if len(e.Addresses) == 0 {
+	if !e.HasAddress {
 		probs.add(field, "no address")
 		return Endpoint{}, false
 	}
-	a, ok := parseAddr(e.Addresses[0])
+	a, ok := parseAddr(e.Address)
 	if !ok {
-		probs.add(field, "invalid IP address "+quote(e.Addresses[0]))
+		probs.add(field, "invalid IP address "+quote(e.Address))
 		return Endpoint{}, false
 	}
 	if FamilyOf(a) != f {
@@ -152,22 +152,14 @@ func (r *endpointReader) endpoint(f Family, j int, e *objects.Endpoint, probs *p
 	}
 	return Endpoint{
 		IP:          a,
-		Ready:       e.Ready == nil || *e.Ready,
-		Serving:     e.Serving == nil || *e.Serving,
-		Terminating: e.Terminating != nil && *e.Terminating,
+		Ready:       e.Ready.Or(true),
+		Serving:     e.Serving.Or(true),
+		Terminating: e.Terminating.Or(false),
 		NodeName:    e.NodeName,
 		Zone:        e.Zone,
 		IsLocal:     r.nodeName != "" && e.NodeName == r.nodeName,
-		ZoneHints:   cloneNonEmpty(e.HintZones),
-		NodeHints:   cloneNonEmpty(e.HintNodes),
+		Hints:       e.Hints,
 	}, true
-}
-
-func cloneNonEmpty(s []string) []string {
-	if len(s) == 0 {
-		return nil
-	}
-	return slices.Clone(s)
 }
 
 // group returns the port group of key, adding it when new. Services have

@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"github.com/kproxy/kproxy/internal/objects"
 )
@@ -14,7 +15,7 @@ func TestEndpointJoin(t *testing.T) {
 	})
 	in := makeInput(nil, []*objects.Service{svc},
 		newSlice("s", "a", "IPv4", []objects.EndpointPort{{Name: "http", Port: 8080}, {Name: "other", Port: 9}},
-			ep("198.18.1.2", func(e *objects.Endpoint) { e.Addresses = append(e.Addresses, "198.18.1.99") }), ep("198.18.1.1")),
+			ep("198.18.1.2"), ep("198.18.1.1")),
 		newSlice("s", "b", "IPv4", []objects.EndpointPort{{Name: "http", Protocol: "UDP", Port: 8053}, {Name: "", Port: 8081}},
 			ep("198.18.1.3")),
 		newSlice("s", "c", "FQDN", httpPort(80), ep("example.com")),
@@ -53,16 +54,23 @@ func TestEndpointConditions(t *testing.T) {
 			in := makeInput(zoneNode("z"), []*objects.Service{newSvc("s")},
 				newSlice("s", "a", "IPv4", httpPort(80), ep("198.18.1.1", conds(tc.r, tc.s, tc.term), onNode("node1"),
 					func(e *objects.Endpoint) {
-						e.Zone, e.HintZones, e.HintNodes = "z", []string{"z"}, []string{"node1"}
+						e.Zone, e.Hints = "z", &objects.Hints{Zones: []string{"z"}, Nodes: []string{"node1"}}
 					})))
 			p, _ := onlyPort(t, in, IPv4)
 			e := p.Endpoints[0]
 			want := Endpoint{IP: e.IP, Port: 80, Ready: tc.ready, Serving: tc.serving, Terminating: tc.terms,
-				NodeName: "node1", Zone: "z", IsLocal: true, ZoneHints: []string{"z"}, NodeHints: []string{"node1"}}
+				NodeName: "node1", Zone: "z", IsLocal: true, Hints: &objects.Hints{Zones: []string{"z"}, Nodes: []string{"node1"}}}
 			if !reflect.DeepEqual(*e, want) {
 				t.Errorf("got %+v, want %+v", *e, want)
 			}
 		})
+	}
+}
+
+func TestEndpointSize(t *testing.T) {
+	// 100k of them at 10k Services: keep them in the 80-byte size class.
+	if n := unsafe.Sizeof(Endpoint{}); n > 80 {
+		t.Errorf("Endpoint is %d bytes, want at most 80", n)
 	}
 }
 
@@ -200,8 +208,8 @@ func TestBuildTopologyFromNode(t *testing.T) {
 	svc := newSvc("s")
 	mk := func(node *objects.Node) *ServicePort {
 		in := makeInput(node, []*objects.Service{svc}, newSlice("s", "a", "IPv4", httpPort(80),
-			ep("198.18.1.1", func(e *objects.Endpoint) { e.HintZones = []string{"z1"} }),
-			ep("198.18.1.2", func(e *objects.Endpoint) { e.HintZones = []string{"z2"} })))
+			ep("198.18.1.1", func(e *objects.Endpoint) { e.Hints = &objects.Hints{Zones: []string{"z1"}} }),
+			ep("198.18.1.2", func(e *objects.Endpoint) { e.Hints = &objects.Hints{Zones: []string{"z2"}} })))
 		p, _ := onlyPort(t, in, IPv4)
 		return p
 	}

@@ -39,6 +39,8 @@ func (g *gen) some(pool ...string) []string {
 	return out
 }
 
+func (g *gen) cond() objects.Cond { return objects.CondOf(g.optBool()) }
+
 func (g *gen) optBool() *bool {
 	switch g.intn(3) {
 	case 0:
@@ -135,17 +137,21 @@ func (g *gen) slice(k objects.Key, svc *objects.Service) *objects.EndpointSlice 
 	zoneHints, nodeHints := g.bool(), g.bool()
 	for n := g.intn(8); n > 0; n-- {
 		e := objects.Endpoint{
-			Ready: g.optBool(), Serving: g.optBool(), Terminating: g.optBool(),
+			Ready: g.cond(), Serving: g.cond(), Terminating: g.cond(),
 			NodeName: pick(g, genNodes...), Zone: pick(g, genZones...),
 		}
+		if zoneHints || nodeHints {
+			e.Hints = &objects.Hints{}
+		}
 		if zoneHints {
-			e.HintZones = append(g.some(genZones...), pick(g, genZones...))
+			e.Hints.Zones = append(g.some(genZones...), pick(g, genZones...))
 		}
 		if nodeHints {
-			e.HintNodes = append(g.some(genNodes...), pick(g, genNodes...))
+			e.Hints.Nodes = append(g.some(genNodes...), pick(g, genNodes...))
 		}
-		for m := g.intn(3); m > 0; m-- {
-			e.Addresses = append(e.Addresses, g.sliceAddr(s.AddressType))
+		// Zero to two addresses; the first is the one used.
+		if m := g.intn(3); m > 0 {
+			e.Address, e.HasAddress = g.sliceAddr(s.AddressType), true
 		}
 		s.Endpoints = append(s.Endpoints, e)
 	}

@@ -35,7 +35,7 @@ func httpPort(port int32) []objects.EndpointPort {
 
 // ep is a ready endpoint on node "other".
 func ep(addr string, opts ...func(*objects.Endpoint)) objects.Endpoint {
-	e := objects.Endpoint{Addresses: []string{addr}, NodeName: "other"}
+	e := objects.Endpoint{Address: addr, HasAddress: true, NodeName: "other"}
 	for _, o := range opts {
 		o(&e)
 	}
@@ -44,7 +44,9 @@ func ep(addr string, opts ...func(*objects.Endpoint)) objects.Endpoint {
 
 func onNode(n string) func(*objects.Endpoint) { return func(e *objects.Endpoint) { e.NodeName = n } }
 func conds(r, s, t *bool) func(*objects.Endpoint) {
-	return func(e *objects.Endpoint) { e.Ready, e.Serving, e.Terminating = r, s, t }
+	return func(e *objects.Endpoint) {
+		e.Ready, e.Serving, e.Terminating = objects.CondOf(r), objects.CondOf(s), objects.CondOf(t)
+	}
 }
 
 func makeInput(node *objects.Node, svcs []*objects.Service, sl ...*objects.EndpointSlice) Input {

@@ -85,14 +85,14 @@ func topologyMode(eps []*Endpoint, nodeName, zone string) string {
 			continue
 		}
 		anyReady = true
-		if len(ep.NodeHints) == 0 {
+		if len(ep.NodeHints()) == 0 {
 			allNode = false
-		} else if slices.Contains(ep.NodeHints, nodeName) {
+		} else if slices.Contains(ep.NodeHints(), nodeName) {
 			forNode = true
 		}
-		if len(ep.ZoneHints) == 0 {
+		if len(ep.ZoneHints()) == 0 {
 			allZone = false
-		} else if slices.Contains(ep.ZoneHints, zone) {
+		} else if slices.Contains(ep.ZoneHints(), zone) {
 			forZone = true
 		}
 	}
@@ -114,9 +114,9 @@ func availableForTopology(ep *Endpoint, mode, nodeName, zone string) bool {
 	case "":
 		return true
 	case TopologyPreferSameNode:
-		return slices.Contains(ep.NodeHints, nodeName)
+		return slices.Contains(ep.NodeHints(), nodeName)
 	case TopologyPreferSameZone:
-		return slices.Contains(ep.ZoneHints, zone)
+		return slices.Contains(ep.ZoneHints(), zone)
 	}
 	return false
 }

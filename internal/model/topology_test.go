@@ -3,6 +3,8 @@ package model
 import (
 	"net/netip"
 	"testing"
+
+	"github.com/kproxy/kproxy/internal/objects"
 )
 
 // tep is a test endpoint: address 198.18.1.<n>:80 with the given flags.
@@ -17,8 +19,15 @@ func (e tep) endpoint() *Endpoint {
 	return &Endpoint{
 		IP: netip.AddrFrom4([4]byte{198, 18, 1, e.n}), Port: 80,
 		Ready: e.ready, Serving: e.serving, Terminating: e.term, IsLocal: e.local,
-		ZoneHints: e.zoneHints, NodeHints: e.nodeHints,
+		Hints: hints(e.zoneHints, e.nodeHints),
 	}
+}
+
+func hints(zones, nodes []string) *objects.Hints {
+	if zones == nil && nodes == nil {
+		return nil
+	}
+	return &objects.Hints{Zones: zones, Nodes: nodes}
 }
 
 // Endpoint kinds used below.

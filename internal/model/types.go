@@ -242,9 +242,25 @@ type Endpoint struct {
 	Zone        string
 	// IsLocal is true when the endpoint runs on this node.
 	IsLocal bool
-	// ZoneHints and NodeHints are the slice's topology hints; nil when absent.
-	ZoneHints []string
-	NodeHints []string
+	// Hints are the slice's topology hints (shared with the slim slice,
+	// never changed); nil when absent.
+	Hints *objects.Hints
+}
+
+// ZoneHints returns the endpoint's hints.forZones names (nil: none).
+func (e *Endpoint) ZoneHints() []string {
+	if e.Hints == nil {
+		return nil
+	}
+	return e.Hints.Zones
+}
+
+// NodeHints returns the endpoint's hints.forNodes names (nil: none).
+func (e *Endpoint) NodeHints() []string {
+	if e.Hints == nil {
+		return nil
+	}
+	return e.Hints.Nodes
 }
 
 // AddrPort returns the endpoint as address and port.

@@ -13,8 +13,18 @@ import (
 // does not even carry) tell the EndpointSlice controller to write hints,
 // and have no effect on the proxy by themselves.
 func TestTopologyFromHintsOnly(t *testing.T) {
-	zone := func(z string) func(*objects.Endpoint) { return func(e *objects.Endpoint) { e.HintZones = []string{z} } }
-	node := func(n string) func(*objects.Endpoint) { return func(e *objects.Endpoint) { e.HintNodes = []string{n} } }
+	hints := func(e *objects.Endpoint) *objects.Hints {
+		if e.Hints == nil {
+			e.Hints = &objects.Hints{}
+		}
+		return e.Hints
+	}
+	zone := func(z string) func(*objects.Endpoint) {
+		return func(e *objects.Endpoint) { hints(e).Zones = []string{z} }
+	}
+	node := func(n string) func(*objects.Endpoint) {
+		return func(e *objects.Endpoint) { hints(e).Nodes = []string{n} }
+	}
 	cases := []struct {
 		name    string
 		dist    string

@@ -108,10 +108,12 @@ func endpointPort(p discoveryv1.EndpointPort) EndpointPort {
 
 func endpoint(ep *discoveryv1.Endpoint) Endpoint {
 	out := Endpoint{
-		Addresses:   cloneStrings(ep.Addresses),
-		Ready:       cloneBool(ep.Conditions.Ready),
-		Serving:     cloneBool(ep.Conditions.Serving),
-		Terminating: cloneBool(ep.Conditions.Terminating),
+		Ready:       CondOf(ep.Conditions.Ready),
+		Serving:     CondOf(ep.Conditions.Serving),
+		Terminating: CondOf(ep.Conditions.Terminating),
+	}
+	if len(ep.Addresses) > 0 {
+		out.Address, out.HasAddress = ep.Addresses[0], true
 	}
 	if ep.NodeName != nil {
 		out.NodeName = *ep.NodeName
@@ -119,12 +121,13 @@ func endpoint(ep *discoveryv1.Endpoint) Endpoint {
 	if ep.Zone != nil {
 		out.Zone = *ep.Zone
 	}
-	if h := ep.Hints; h != nil {
+	if h := ep.Hints; h != nil && len(h.ForZones)+len(h.ForNodes) > 0 {
+		out.Hints = &Hints{}
 		for _, z := range h.ForZones {
-			out.HintZones = append(out.HintZones, z.Name)
+			out.Hints.Zones = append(out.Hints.Zones, z.Name)
 		}
 		for _, n := range h.ForNodes {
-			out.HintNodes = append(out.HintNodes, n.Name)
+			out.Hints.Nodes = append(out.Hints.Nodes, n.Name)
 		}
 	}
 	return out
@@ -169,29 +172,6 @@ func cloneStrings(s []string) []string {
 		return nil
 	}
 	return append([]string(nil), s...)
-}
-
-// boolTrue and boolFalse are what every converted condition points to: no
-// allocation per condition (three per endpoint, 300k at 10k Services). They
-// are never written.
-var boolTrue, boolFalse = true, false
-
-// BoolPtr returns a shared pointer to b (never written through).
-func BoolPtr(b bool) *bool {
-	if b {
-		return &boolTrue
-	}
-	return &boolFalse
-}
-
-func cloneBool(b *bool) *bool {
-	switch {
-	case b == nil:
-		return nil
-	case *b:
-		return &boolTrue
-	}
-	return &boolFalse
 }
 
 // ServiceProxied reports whether kproxy proxies svc, as upstream decides: not

@@ -3,6 +3,7 @@ package objects
 import (
 	"reflect"
 	"testing"
+	"unsafe"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -87,9 +88,9 @@ func TestFromEndpointSlice(t *testing.T) {
 		Namespace: "ns", Name: "web-abc", ResourceVersion: "3", ServiceName: "web", AddressType: "IPv4",
 		Ports: []EndpointPort{{Name: "http", Protocol: "UDP", Port: 8080}, {}},
 		Endpoints: []Endpoint{
-			{Addresses: []string{"198.18.3.1"}, Ready: ptr(true), Serving: ptr(true), Terminating: ptr(false),
-				NodeName: "node-a", Zone: "z1", HintZones: []string{"z1"}, HintNodes: []string{"node-a"}},
-			{Addresses: []string{"198.18.3.2"}},
+			{Address: "198.18.3.1", HasAddress: true, Ready: CondTrue, Serving: CondTrue, Terminating: CondFalse,
+				NodeName: "node-a", Zone: "z1", Hints: &Hints{Zones: []string{"z1"}, Nodes: []string{"node-a"}}},
+			{Address: "198.18.3.2", HasAddress: true},
 		},
 		TriggerTime: "2025-01-02T03:04:05Z",
 	}
@@ -98,8 +99,20 @@ func TestFromEndpointSlice(t *testing.T) {
 		t.Errorf("FromEndpointSlice:\n got %+v\nwant %+v", got, want)
 	}
 	*es.Endpoints[0].Conditions.Ready = false
-	if !*got.Endpoints[0].Ready {
+	if got.Endpoints[0].Ready != CondTrue {
 		t.Errorf("FromEndpointSlice shares condition pointers with its input")
+	}
+	for _, tc := range []struct {
+		in   *bool
+		want Cond
+		or   [2]bool // Or(false), Or(true)
+	}{{nil, CondUnset, [2]bool{false, true}}, {ptr(true), CondTrue, [2]bool{true, true}}, {ptr(false), CondFalse, [2]bool{false, false}}} {
+		if c := CondOf(tc.in); c != tc.want || c.Or(false) != tc.or[0] || c.Or(true) != tc.or[1] {
+			t.Errorf("CondOf(%v) = %v (Or %v %v), want %v (%v)", tc.in, c, c.Or(false), c.Or(true), tc.want, tc.or)
+		}
+	}
+	if n := unsafe.Sizeof(Endpoint{}); n > 64 {
+		t.Errorf("Endpoint is %d bytes; keep it within 64 (100k of them at 10k Services)", n)
 	}
 	if got.ServiceKey() != (Key{"ns", "web"}) {
 		t.Errorf("ServiceKey = %v", got.ServiceKey())

@@ -114,17 +114,54 @@ type EndpointPort struct {
 	Port     int32  // 0 means "all ports" in the API; the model skips it
 }
 
-// Endpoint is one entry of an EndpointSlice's endpoints.
+// Endpoint is one entry of an EndpointSlice's endpoints. It is kept small
+// (64 bytes): a 10k-Service cluster has 100k of them.
 type Endpoint struct {
-	Addresses []string // only the first is used, as upstream does
-	// Conditions; nil means unknown. A nil Ready counts as ready.
-	Ready       *bool
-	Serving     *bool
-	Terminating *bool
-	NodeName    string
-	Zone        string
-	HintZones   []string // hints.forZones
-	HintNodes   []string // hints.forNodes
+	// Address is the first of the endpoint's addresses, the only one
+	// used, as upstream does; HasAddress is false when it has none.
+	Address  string
+	NodeName string
+	Zone     string
+	// Hints are the topology hints; nil when the endpoint has none.
+	Hints *Hints
+	// Conditions as the slice states them (CondUnset when absent).
+	Ready, Serving, Terminating Cond
+	HasAddress                  bool
+}
+
+// Cond is an endpoint condition: unset, true or false.
+type Cond uint8
+
+const (
+	CondUnset Cond = iota
+	CondTrue
+	CondFalse
+)
+
+// CondOf returns the condition a *bool states (nil: unset).
+func CondOf(b *bool) Cond {
+	switch {
+	case b == nil:
+		return CondUnset
+	case *b:
+		return CondTrue
+	}
+	return CondFalse
+}
+
+// Or returns the condition, or def when it is unset.
+func (c Cond) Or(def bool) bool {
+	if c == CondUnset {
+		return def
+	}
+	return c == CondTrue
+}
+
+// Hints are an endpoint's topology hints: hints.forZones and
+// hints.forNodes names.
+type Hints struct {
+	Zones []string
+	Nodes []string
 }
 
 // Node is the slim form of this node's core/v1 Node object.

@@ -197,10 +197,10 @@ func endpointWire(ep *objects.Endpoint, msg []byte) error {
 	return eachField(msg, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
 		var err error
 		switch num {
-		case 1: // addresses
+		case 1: // addresses: the first is the one used
 			var a string
-			if a, err = str(typ, v); err == nil {
-				ep.Addresses = append(ep.Addresses, a)
+			if a, err = str(typ, v); err == nil && !ep.HasAddress {
+				ep.Address, ep.HasAddress = a, true
 			}
 		case 2: // conditions
 			if err = sub(typ); err == nil {
@@ -212,7 +212,13 @@ func endpointWire(ep *objects.Endpoint, msg []byte) error {
 			ep.Zone, err = str(typ, v)
 		case 8: // hints
 			if err = sub(typ); err == nil {
-				err = hintsWire(&ep.HintZones, &ep.HintNodes, v)
+				h := ep.Hints
+				if h == nil {
+					h = &objects.Hints{}
+				}
+				if err = hintsWire(&h.Zones, &h.Nodes, v); err == nil && len(h.Zones)+len(h.Nodes) > 0 {
+					ep.Hints = h
+				}
 			}
 		default:
 			return nil
@@ -223,7 +229,7 @@ func endpointWire(ep *objects.Endpoint, msg []byte) error {
 
 func conditionsWire(ep *objects.Endpoint, msg []byte) error {
 	return eachField(msg, func(num protowire.Number, typ protowire.Type, _ []byte, n uint64) error {
-		var dst **bool
+		var dst *objects.Cond
 		switch num {
 		case 1:
 			dst = &ep.Ready
@@ -237,7 +243,10 @@ func conditionsWire(ep *objects.Endpoint, msg []byte) error {
 		if typ != protowire.VarintType {
 			return errWireType
 		}
-		*dst = objects.BoolPtr(n != 0)
+		*dst = objects.CondFalse
+		if n != 0 {
+			*dst = objects.CondTrue
+		}
 		return nil
 	})
 }

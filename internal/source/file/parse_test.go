@@ -51,7 +51,7 @@ func TestParseGood(t *testing.T) {
 		t.Errorf("service = %+v", svc)
 	}
 	es := objs.Slices[0]
-	if es.ServiceKey() != svc.Key() || es.ResourceVersion != "" || *es.Endpoints[0].Ready != true {
+	if es.ServiceKey() != svc.Key() || es.ResourceVersion != "" || es.Endpoints[0].Ready != objects.CondTrue {
 		t.Errorf("slice = %+v", es)
 	}
 	if objs.Nodes[0].Zone() != "z1" || objs.Nodes[0].PodCIDRs[0] != "198.18.64.0/24" {
