@@ -111,6 +111,7 @@ func (k *nlKernel) send(b *nlBatch, n int) error {
 	return nil
 }
 
+// List returns the names of the table's chains, sets or maps.
 func (k *nlKernel) List(_ context.Context, objectType string) ([]string, error) {
 	names, err := k.nl.list(objectType)
 	if isNotFound(err) {
