@@ -43,12 +43,8 @@ type setFields struct{ key, data []string }
 // transaction: atomic, like nft -f, without the CLI's parsing and cache
 // fetch. It returns errNoNetlink when an op does not translate.
 func (n *netlinkReader) encode(ops opList, sets map[string]*set) (*nlBatch, error) {
-	fam := byte(unix.NFPROTO_IPV4)
-	if n.v6() {
-		fam = unix.NFPROTO_IPV6
-	}
 	// About 60 bytes per operation at 10k Services (mostly elements).
-	t := &nlTxn{n: n, b: newNLBatch(fam, n.table.Name, 64*ops.len()+4096), sets: sets}
+	t := &nlTxn{n: n, b: newNLBatch(n.nfproto(), n.table.Name, 64*ops.len()+4096), sets: sets}
 	for o := range ops.all {
 		if err := t.queue(o); err != nil {
 			return nil, err

@@ -37,34 +37,41 @@ var netlinkConfigs = map[string]func(*dataplane.Config){
 // must never produce anything the netlink path cannot send (there is no
 // nft CLI fallback).
 func TestNetlinkTranslatesEverything(t *testing.T) {
+	eachRendering(func(name string, f model.Family, d *desired) {
+		st := &famState{fam: f, kChains: map[string]bool{}, kSets: map[string]bool{},
+			kElems: map[string]map[string]string{}, stale: map[string]time.Time{}}
+		var tx txn
+		st.fullOps(d, &tx)
+		k := newNLKernel(f, DefaultTableName, &genTracker{})
+		nt := &nlTxn{n: k.nl, b: newNLBatch(2, DefaultTableName, 0), sets: k.sets}
+		count := 0
+		for o := range tx.ops().all {
+			count++
+			if err := nt.queue(o); err != nil {
+				what := "element"
+				if o.obj != nil {
+					what = strings.TrimSpace(strings.Join(strings.Fields(objectText(o)), " "))
+				}
+				t.Errorf("%s/%s: %s does not translate: %v", name, f, what, err)
+			}
+		}
+		nt.closeElems()
+		if _, _, empty := nt.b.bytes(); empty || count < 50 {
+			t.Errorf("%s/%s: only %d operations", name, f, count)
+		}
+	})
+}
+
+// eachRendering renders the feature snapshot on dptest's node under every
+// configuration of netlinkConfigs, in both families.
+func eachRendering(do func(config string, f model.Family, d *desired)) {
 	for name, mod := range netlinkConfigs {
 		cfg := dptest.Config()
 		mod(&cfg)
 		snap := featureSnapshot()
 		snap.Node = dptest.Node()
 		for _, f := range []model.Family{model.IPv4, model.IPv6} {
-			d := render(cfg, snap.Family(f), snap.Node)
-			st := &famState{fam: f, kChains: map[string]bool{}, kSets: map[string]bool{},
-				kElems: map[string]map[string]string{}, stale: map[string]time.Time{}}
-			var tx txn
-			st.fullOps(d, &tx)
-			k := newNLKernel(f, DefaultTableName, &genTracker{})
-			nt := &nlTxn{n: k.nl, b: newNLBatch(2, DefaultTableName, 0), sets: k.sets}
-			count := 0
-			for o := range tx.ops().all {
-				count++
-				if err := nt.queue(o); err != nil {
-					what := "element"
-					if o.obj != nil {
-						what = strings.TrimSpace(strings.Join(strings.Fields(objectText(o)), " "))
-					}
-					t.Errorf("%s/%s: %s does not translate: %v", name, f, what, err)
-				}
-			}
-			nt.closeElems()
-			if _, _, empty := nt.b.bytes(); empty || count < 50 {
-				t.Errorf("%s/%s: only %d operations", name, f, count)
-			}
+			do(name, f, render(cfg, snap.Family(f), snap.Node))
 		}
 	}
 }

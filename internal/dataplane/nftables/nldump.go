@@ -27,11 +27,7 @@ func (n *netlinkReader) dump(typ uint16, fill func(b *nlBatch), fn func(attrs []
 		return err
 	}
 	defer unix.Close(fd)
-	fam := byte(unix.NFPROTO_IPV4)
-	if n.v6() {
-		fam = unix.NFPROTO_IPV6
-	}
-	b := &nlBatch{fam: fam, table: n.table.Name, seq: 1}
+	b := &nlBatch{fam: n.nfproto(), table: n.table.Name, seq: 1}
 	m := b.msg(typ, unix.NLM_F_DUMP)
 	fill(b)
 	b.finish(m)

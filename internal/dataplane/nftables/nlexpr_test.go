@@ -3,6 +3,7 @@ package nftables
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/google/nftables/expr"
@@ -47,39 +48,27 @@ func checkSameEncoding(t *testing.T, what string, fam byte, e expr.Any) {
 // writes, encode to the bytes google/nftables' marshalling gives.
 func TestAppendExprMatchesMarshal(t *testing.T) {
 	types := map[string]int{}
-	for name, mod := range netlinkConfigs {
-		cfg := dptest.Config()
-		mod(&cfg)
-		snap := featureSnapshot()
-		snap.Node = dptest.Node()
-		for _, f := range []model.Family{model.IPv4, model.IPv6} {
-			d := render(cfg, snap.Family(f), snap.Node)
-			n := newNetlinkReader(f, DefaultTableName)
-			fam := byte(unix.NFPROTO_IPV4)
-			if f == model.IPv6 {
-				fam = unix.NFPROTO_IPV6
-			}
-			var chains []*chain
-			chains = append(chains, d.Chains...)
-			for _, ps := range d.Ports {
-				chains = append(chains, ps.Chains...)
-			}
-			for _, c := range chains {
-				for _, r := range c.Rules {
-					rules, err := n.ruleExprs(r)
-					if err != nil {
-						t.Fatalf("%s/%s: %q: %v", name, f, r, err)
-					}
-					for _, exprs := range rules {
-						for _, e := range exprs {
-							types[fmt.Sprintf("%T", e)]++
-							checkSameEncoding(t, fmt.Sprintf("%s/%s %q", name, f, r), fam, e)
-						}
+	eachRendering(func(name string, f model.Family, d *desired) {
+		n := newNetlinkReader(f, DefaultTableName)
+		chains := slices.Clone(d.Chains)
+		for _, ps := range d.Ports {
+			chains = append(chains, ps.Chains...)
+		}
+		for _, c := range chains {
+			for _, r := range c.Rules {
+				rules, err := n.ruleExprs(r)
+				if err != nil {
+					t.Fatalf("%s/%s: %q: %v", name, f, r, err)
+				}
+				for _, exprs := range rules {
+					for _, e := range exprs {
+						types[fmt.Sprintf("%T", e)]++
+						checkSameEncoding(t, fmt.Sprintf("%s/%s %q", name, f, r), n.nfproto(), e)
 					}
 				}
 			}
 		}
-	}
+	})
 	t.Logf("expressions compared, by type: %v", types)
 	for _, want := range []string{"*expr.Meta", "*expr.Cmp", "*expr.Payload", "*expr.Lookup", "*expr.Numgen", "*expr.NAT", "*expr.Verdict", "*expr.Fib", "*expr.Ct", "*expr.Immediate", "*expr.Bitwise"} {
 		if types[want] == 0 {

@@ -161,11 +161,7 @@ func (n *netlinkReader) list(objectType string) ([]string, error) {
 // deleteTable deletes a table of the reader's family by name; a missing
 // table is no error.
 func (n *netlinkReader) deleteTable(name string) error {
-	fam := byte(unix.NFPROTO_IPV4)
-	if n.v6() {
-		fam = unix.NFPROTO_IPV6
-	}
-	b := newNLBatch(fam, name, 256)
+	b := newNLBatch(n.nfproto(), name, 256)
 	m := b.msg(unix.NFT_MSG_DELTABLE, 0)
 	b.attrStr(unix.NFTA_TABLE_NAME, name)
 	b.finish(m)

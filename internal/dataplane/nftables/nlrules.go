@@ -136,6 +136,15 @@ func (n *netlinkReader) stmt(t []string) ([]expr.Any, int, error) {
 
 func (n *netlinkReader) v6() bool { return n.table.Family == gnftables.TableFamilyIPv6 }
 
+// nfproto is the reader's family as netlink messages and NAT expressions
+// name it.
+func (n *netlinkReader) nfproto() byte {
+	if n.v6() {
+		return unix.NFPROTO_IPV6
+	}
+	return unix.NFPROTO_IPV4
+}
+
 // update is `update @set { KEY [timeout Ns] }` (KEY as in selectorStmt):
 // add or refresh the client in the affinity set.
 func (n *netlinkReader) update(t []string) ([]expr.Any, int, error) {
@@ -320,14 +329,10 @@ func (n *netlinkReader) dnat(target string) ([]expr.Any, int, error) {
 	if err != nil {
 		return nil, 0, errNoNetlink
 	}
-	fam := uint32(unix.NFPROTO_IPV4)
-	if n.v6() {
-		fam = unix.NFPROTO_IPV6
-	}
 	return []expr.Any{
 		&expr.Immediate{Register: 1, Data: ap.Addr().AsSlice()},
 		&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(ap.Port())},
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam, RegAddrMin: 1, RegProtoMin: 2, Specified: true},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(n.nfproto()), RegAddrMin: 1, RegProtoMin: 2, Specified: true},
 	}, 3, nil
 }
 
