@@ -116,13 +116,14 @@ func BenchmarkColdSync10k(b *testing.B) {
 	for b.Loop() {
 		st := newFamState(model.IPv4, fake)
 		var t txn
-		if err := st.prepareFull(ctx, cfg, snap.V4, snap.Node, &t); err != nil {
-			b.Fatal(err)
-		}
-		for _, stage := range t.stages(st.cur) {
+		encode := func(stage func() opList) bool {
 			if _, err := newNetlinkReader(model.IPv4, DefaultTableName).encode(stage(), sets); err != nil {
 				b.Fatal(err)
 			}
+			return true
+		}
+		if err := st.prepareFull(ctx, cfg, snap.V4, snap.Node, &t, encode); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
@@ -132,7 +133,8 @@ func BenchmarkColdSync10k(b *testing.B) {
 // peak RSS during it, single-endpoint change latency (p50/p99 of 200),
 // Drifted cost (nothing committed since the last check, and after a
 // foreign commit), a new-chain change, and a restart sync. It runs only
-// with KPROXY_SCALE=1 (sizes: KPROXY_SCALE_SIZES, default "1000,10000").
+// with KPROXY_SCALE=1 (sizes: KPROXY_SCALE_SIZES, default "1000,10000";
+// KPROXY_SCALE_CPU=file writes the cold sync's CPU profile).
 func TestPrivilegedScale(t *testing.T) {
 	if os.Getenv("KPROXY_SCALE") == "" {
 		t.Skip("set KPROXY_SCALE=1 to measure cold load and single-change latency")
@@ -256,6 +258,12 @@ func TestPrivilegedScaleChild(t *testing.T) {
 	n, _ := strconv.Atoi(f[1])
 	snap := scaleSnapshot(n, 10)
 	p, _ := New(privConfig())
+	if path := os.Getenv("KPROXY_SCALE_CPU"); path != "" && f[0] == "cold" {
+		if err := pprof.StartCPUProfile(profileFile(t, path)); err != nil {
+			t.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	start := time.Now()
 	var err error
 	dptest.InNamespace(t, f[2], func() { err = p.Sync(context.Background(), snap, dataplane.SyncRequest{Full: true}) })
@@ -266,12 +274,7 @@ func TestPrivilegedScaleChild(t *testing.T) {
 	if path := os.Getenv("KPROXY_SCALE_HEAP"); path != "" {
 		// What a synced proxier keeps (the snapshot is the model's, not ours).
 		runtime.GC()
-		f, err := os.Create(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		if err := pprof.WriteHeapProfile(f); err != nil {
+		if err := pprof.WriteHeapProfile(profileFile(t, path)); err != nil {
 			t.Fatal(err)
 		}
 		var ms runtime.MemStats
@@ -280,4 +283,14 @@ func TestPrivilegedScaleChild(t *testing.T) {
 		runtime.KeepAlive(p)
 		runtime.KeepAlive(snap)
 	}
+}
+
+// profileFile creates a profile's file, closed when the test ends.
+func profileFile(t *testing.T, path string) *os.File {
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
 }

@@ -71,12 +71,12 @@ func (o op) object() knftables.Object {
 type kernel interface {
 	// Apply runs ops as one atomic transaction.
 	Apply(ctx context.Context, ops opList) error
-	// ApplyStages runs each stage's ops as its own atomic transaction, in
-	// order, and stops at the first that fails. A stage's ops are made only
-	// when it is its turn (possibly in another goroutine, while the kernel
-	// takes the stage before: stages must only read state that stays
-	// unchanged until ApplyStages returns).
-	ApplyStages(ctx context.Context, stages []func() opList) error
+	// ApplyStages runs each stage received from stages as its own atomic
+	// transaction, in order, until stages is closed, and stops at the first
+	// that fails. A stage's ops are made only when it is its turn (possibly
+	// in another goroutine, while the kernel takes the stage before: stages
+	// must only read state that stays unchanged until ApplyStages returns).
+	ApplyStages(ctx context.Context, stages <-chan func() opList) error
 	// List returns the names of objects of a type ("chain", "set", "map")
 	// in the table; empty (no error) when the table does not exist.
 	List(ctx context.Context, objectType string) ([]string, error)
@@ -122,8 +122,8 @@ func (k *knftKernel) Apply(ctx context.Context, ops opList) error {
 }
 
 // ApplyStages runs the stages one after the other.
-func (k *knftKernel) ApplyStages(ctx context.Context, stages []func() opList) error {
-	for _, stage := range stages {
+func (k *knftKernel) ApplyStages(ctx context.Context, stages <-chan func() opList) error {
+	for stage := range stages {
 		if err := k.Apply(ctx, stage()); err != nil {
 			return err
 		}

@@ -434,7 +434,7 @@ func TestPrivilegedDriftMonitor(t *testing.T) {
 	}{
 		{"service chain flushed", []string{"flush", "chain", "ip", DefaultTableName, svcChain}},
 		{"service-ips flushed", []string{"flush", "map", "ip", DefaultTableName, mapServiceIPs}},
-		{"endpoint-ranges map flushed", []string{"flush", "map", "ip", DefaultTableName, "endpoint-ranges-tcp-" + strings.Split(strings.Split(p.fams[model.IPv4].cur.Ports[snap.V4.Ports[0].ID].Chains[0].Rules[0], "@endpoint-ranges-tcp-")[1], " ")[0]}},
+		{"endpoint-ranges map flushed", []string{"flush", "map", "ip", DefaultTableName, rangesMapOf(t, p.fams[model.IPv4].cur.Ports[snap.V4.Ports[0].ID])}},
 	}
 	for _, b := range breakages {
 		nft(b.do...)
@@ -469,4 +469,15 @@ func TestPrivilegedDriftMonitor(t *testing.T) {
 		t.Fatal("drifted without any change")
 	}
 	t.Logf("Drifted with nothing committed: %v", time.Since(start))
+}
+
+// rangesMapOf names the endpoint-ranges map holding a port's endpoints.
+func rangesMapOf(t *testing.T, ps *portState) string {
+	for _, e := range ps.Elems {
+		if strings.HasPrefix(e.Set, mapEndpoints+"-") {
+			return e.Set
+		}
+	}
+	t.Fatal("the port has no endpoint-ranges elements")
+	return ""
 }

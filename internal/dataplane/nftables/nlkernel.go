@@ -51,7 +51,7 @@ func (k *nlKernel) Apply(_ context.Context, ops opList) error {
 // core: the kernel's share of a cold sync at 10k Services is ~0.6 s); the
 // batches are sent from the calling goroutine, so into its network
 // namespace. At most two batches exist at a time.
-func (k *nlKernel) ApplyStages(_ context.Context, stages []func() opList) error {
+func (k *nlKernel) ApplyStages(_ context.Context, stages <-chan func() opList) error {
 	type encoded struct {
 		b   *nlBatch
 		n   int
@@ -62,7 +62,7 @@ func (k *nlKernel) ApplyStages(_ context.Context, stages []func() opList) error 
 	defer close(stop)
 	go func() {
 		defer close(next)
-		for _, stage := range stages {
+		for stage := range stages {
 			ops := stage()
 			var e encoded
 			if e.n = ops.len(); e.n > 0 {

@@ -173,3 +173,46 @@ func TestApplySmallSyncNotStaged(t *testing.T) {
 		t.Errorf("%d transactions, want 1", n)
 	}
 }
+
+// Port chains keep no rule text once written: after a staged cold sync, an
+// incremental change, a restart and the repair of a flushed chain (which
+// writes that chain again from a fresh rendering), nothing in the
+// Proxier's state holds rules, and the kernel matches the rendering.
+func TestApplyForgetsWrittenRules(t *testing.T) {
+	withStages(t, 1, 10)
+	e := newApplyEnv(t)
+	noRules := func(when string) {
+		t.Helper()
+		for _, f := range e.cfg.Families {
+			for id, ps := range e.p.fams[f].cur.Ports {
+				for _, c := range ps.Chains {
+					if len(c.Rules) > 0 {
+						t.Fatalf("%s: %s: %s chain %s keeps %d rules", when, f, id, c.Name, len(c.Rules))
+					}
+				}
+			}
+		}
+	}
+	snap := scaleSnapshot(20, 3)
+	e.sync(snap, dataplane.SyncRequest{Full: true})
+	e.checkKernel(snap)
+	noRules("cold sync")
+	snap = withChangedEndpoint(snap, 4, 1)
+	e.sync(snap, changed(snap, 4))
+	e.checkKernel(snap)
+	noRules("incremental sync")
+	e.restart()
+	e.sync(snap, dataplane.SyncRequest{Full: true})
+	e.checkKernel(snap)
+	noRules("restart")
+	victim := e.p.fams[model.IPv4].cur.Ports[snap.V4.Ports[7].ID].Chains[0].Name
+	tx := e.k.fake(model.IPv4).NewTransaction()
+	tx.Flush(&knftables.Chain{Name: victim})
+	if err := e.k.fake(model.IPv4).Run(context.Background(), tx); err != nil {
+		t.Fatal(err)
+	}
+	e.p.fams[model.IPv4].suspect(map[string]bool{victim: true})
+	e.sync(snap, dataplane.SyncRequest{})
+	e.checkKernel(snap)
+	noRules("repair")
+}
