@@ -416,11 +416,17 @@ func (st *famState) elemOps(order []*portState, wantChains map[string]bool, t *t
 		}
 	}
 	st.want = make(map[string]map[string]*elemRef, len(sizes))
+	bySet := make(map[string][]*element, len(sizes))
 	for name, n := range sizes {
 		st.want[name] = make(map[string]*elemRef, n)
+		bySet[name] = make([]*element, 0, n)
 	}
 	for _, ps := range order {
 		st.addWant(ps.Elems)
+		for i := range ps.Elems {
+			e := &ps.Elems[i]
+			bySet[e.Set] = append(bySet[e.Set], e)
+		}
 	}
 	n := 0
 	for _, m := range st.want {
@@ -428,7 +434,7 @@ func (st *famState) elemOps(order []*portState, wantChains map[string]bool, t *t
 	}
 	t.adds = slices.Grow(t.adds, n) // 130k at 10k Services: avoid regrowing
 	for _, s := range sharedSets {
-		st.diffFull(s.Name, prevWant[s.Name], t)
+		st.diffFull(s.Name, prevWant[s.Name], bySet[s.Name], t)
 	}
 }
 
@@ -548,29 +554,40 @@ func priorOf(kernel map[string]string, wanted map[string]*elemRef, k string) pri
 }
 
 // diffFull emits the element changes of one shared set from what the
-// kernel holds (a fresh read, or else the previous want) to st.want.
-func (st *famState) diffFull(name string, prevWant map[string]*elemRef, t *txn) {
+// kernel holds (a fresh read, or else the previous want) to st.want, whose
+// elements elems lists in port order (a key several ports want appears
+// several times).
+func (st *famState) diffFull(name string, prevWant map[string]*elemRef, elems []*element, t *txn) {
 	kernel := st.kElems[name]
 	if st.kElems != nil && kernel == nil {
 		kernel = map[string]string{} // read, and empty
 	}
 	want := st.want[name]
-	// The wanted keys, then those only the kernel has (no union map: a
-	// full sync at 10k Services has 130k keys).
-	for _, k := range slices.Sorted(maps.Keys(want)) {
-		st.diffElem(name, k, priorOf(kernel, prevWant, k), t)
+	// The wanted keys in port order, each once (where its element is the
+	// one want keeps): deterministic without sorting 130k keys. Then
+	// those only the kernel has, sorted.
+	for _, e := range elems {
+		if want[e.Key].e == e {
+			st.diffElem(name, e.Key, priorOf(kernel, prevWant, e.Key), t)
+		}
 	}
 	var gone []string
 	if kernel != nil {
-		gone = slices.Collect(maps.Keys(kernel))
+		for k := range kernel {
+			if want[k] == nil {
+				gone = append(gone, k)
+			}
+		}
 	} else {
-		gone = slices.Collect(maps.Keys(prevWant))
+		for k := range prevWant {
+			if want[k] == nil {
+				gone = append(gone, k)
+			}
+		}
 	}
 	slices.Sort(gone)
 	for _, k := range gone {
-		if want[k] == nil {
-			st.diffElem(name, k, priorOf(kernel, prevWant, k), t)
-		}
+		st.diffElem(name, k, priorOf(kernel, prevWant, k), t)
 	}
 }
 

@@ -116,10 +116,14 @@ func BenchmarkColdSync10k(b *testing.B) {
 	for b.Loop() {
 		st := newFamState(model.IPv4, fake)
 		var t txn
+		pool := &chunkPool{}
 		encode := func(stage func() opList) bool {
-			if _, err := newNetlinkReader(model.IPv4, DefaultTableName).encode(stage(), sets); err != nil {
+			nl := newNetlinkReader(model.IPv4, DefaultTableName)
+			batch, err := nl.encodeInto(newPooledNLBatch(nl.nfproto(), DefaultTableName, pool), stage(), sets)
+			if err != nil {
 				b.Fatal(err)
 			}
+			batch.release()
 			return true
 		}
 		if err := st.prepareFull(ctx, cfg, snap.V4, snap.Node, &t, encode); err != nil {

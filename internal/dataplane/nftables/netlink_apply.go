@@ -44,7 +44,12 @@ type setFields struct{ key, data []string }
 // fetch. It returns errNoNetlink when an op does not translate.
 func (n *netlinkReader) encode(ops opList, sets map[string]*set) (*nlBatch, error) {
 	// About 60 bytes per operation at 10k Services (mostly elements).
-	t := &nlTxn{n: n, b: newNLBatch(n.nfproto(), n.table.Name, 64*ops.len()+4096), sets: sets}
+	return n.encodeInto(newNLBatch(n.nfproto(), n.table.Name, 64*ops.len()+4096), ops, sets)
+}
+
+// encodeInto is encode into a started batch b.
+func (n *netlinkReader) encodeInto(b *nlBatch, ops opList, sets map[string]*set) (*nlBatch, error) {
+	t := &nlTxn{n: n, b: b, sets: sets}
 	for o := range ops.all {
 		if err := t.queue(o); err != nil {
 			return nil, err

@@ -50,7 +50,8 @@ func (k *nlKernel) Apply(_ context.Context, ops opList) error {
 // one stage, the next is made and encoded in another goroutine (on another
 // core: the kernel's share of a cold sync at 10k Services is ~0.6 s); the
 // batches are sent from the calling goroutine, so into its network
-// namespace. At most two batches exist at a time.
+// namespace. At most two batches exist at a time, and their chunks are
+// reused from one stage to the next.
 func (k *nlKernel) ApplyStages(_ context.Context, stages <-chan func() opList) error {
 	type encoded struct {
 		b   *nlBatch
@@ -59,6 +60,7 @@ func (k *nlKernel) ApplyStages(_ context.Context, stages <-chan func() opList) e
 	}
 	next := make(chan encoded)
 	stop := make(chan struct{})
+	pool := &chunkPool{}
 	defer close(stop)
 	go func() {
 		defer close(next)
@@ -66,7 +68,7 @@ func (k *nlKernel) ApplyStages(_ context.Context, stages <-chan func() opList) e
 			ops := stage()
 			var e encoded
 			if e.n = ops.len(); e.n > 0 {
-				e.b, e.err = k.nl.encode(ops, k.sets)
+				e.b, e.err = k.nl.encodeInto(newPooledNLBatch(k.nl.nfproto(), k.nl.table.Name, pool), ops, k.sets)
 			}
 			select {
 			case next <- e:
@@ -86,7 +88,9 @@ func (k *nlKernel) ApplyStages(_ context.Context, stages <-chan func() opList) e
 		if e.n == 0 {
 			continue
 		}
-		if err := k.send(e.b, e.n); err != nil {
+		err := k.send(e.b, e.n)
+		e.b.release()
+		if err != nil {
 			return err
 		}
 	}
