@@ -52,7 +52,7 @@ type famState struct {
 	bySvc map[objects.Key][]model.PortID
 
 	// want is the refcounted union of the ports' elements, per set.
-	want map[string]map[string]*elemRef
+	want map[string]map[string]elemRef
 	// kChains, kSets mirror the kernel's port chains and port sets. kElems
 	// holds the shared-set elements read from the kernel (key -> value),
 	// only until the next successful commit: from then on the kernel holds
@@ -325,14 +325,14 @@ func (st *famState) renderFull(cfg dataplane.Config, fs *model.FamilySnapshot, n
 	st.bySvc = make(map[objects.Key][]model.PortID, len(fs.Ports))
 	used := make(map[string]bool, len(fs.Ports))
 	t.staging = emit != nil
+	// Most ports have one or two chains (endpoints are map elements).
 	if t.staging {
-		// Most ports have a service chain and an endpoint chain per
-		// endpoint.
-		t.fresh = make([]*chain, 0, 8*len(fs.Ports))
+		t.fresh = make([]*chain, 0, 2*len(fs.Ports))
 	}
 	st.fixedOps(d, t)
+	d.Ports = make(map[model.PortID]*portState, len(fs.Ports))
 	order := make([]*portState, 0, len(fs.Ports))
-	wantChains := make(map[string]bool, 8*len(fs.Ports))
+	wantChains := make(map[string]bool, 2*len(fs.Ports))
 	for _, sp := range fs.Ports {
 		ps := st.r.port(sp)
 		d.Ports[sp.ID] = ps
@@ -415,10 +415,10 @@ func (st *famState) elemOps(order []*portState, wantChains map[string]bool, t *t
 			sizes[ps.Elems[i].Set]++
 		}
 	}
-	st.want = make(map[string]map[string]*elemRef, len(sizes))
+	st.want = make(map[string]map[string]elemRef, len(sizes))
 	bySet := make(map[string][]*element, len(sizes))
 	for name, n := range sizes {
-		st.want[name] = make(map[string]*elemRef, n)
+		st.want[name] = make(map[string]elemRef, n)
 		bySet[name] = make([]*element, 0, n)
 	}
 	for _, ps := range order {
@@ -510,25 +510,22 @@ func (st *famState) addWant(elems []element) {
 		e := &elems[i]
 		m := st.want[e.Set]
 		if m == nil {
-			m = map[string]*elemRef{}
+			m = map[string]elemRef{}
 			st.want[e.Set] = m
 		}
-		k := e.Key
-		if r := m[k]; r != nil {
-			r.n++
-			r.e = e
-		} else {
-			m[k] = &elemRef{e: e, n: 1}
-		}
+		r := m[e.Key]
+		m[e.Key] = elemRef{e: e, n: r.n + 1}
 	}
 }
 
 func (st *famState) dropWant(elems []element) {
 	for _, e := range elems {
-		k := e.Key
-		if r := st.want[e.Set][k]; r != nil {
+		m, k := st.want[e.Set], e.Key
+		if r, ok := m[k]; ok {
 			if r.n--; r.n <= 0 {
-				delete(st.want[e.Set], k)
+				delete(m, k)
+			} else {
+				m[k] = r
 			}
 		}
 	}
@@ -542,12 +539,12 @@ type prior struct {
 
 // priorOf returns k's element in a kernel read (kernel non-nil) or else in
 // the want of the last successful commit, which the kernel then holds.
-func priorOf(kernel map[string]string, wanted map[string]*elemRef, k string) prior {
+func priorOf(kernel map[string]string, wanted map[string]elemRef, k string) prior {
 	if kernel != nil {
 		v, ok := kernel[k]
 		return prior{v, ok}
 	}
-	if r := wanted[k]; r != nil {
+	if r, ok := wanted[k]; ok {
 		return prior{r.e.Value, true}
 	}
 	return prior{}
@@ -557,7 +554,7 @@ func priorOf(kernel map[string]string, wanted map[string]*elemRef, k string) pri
 // kernel holds (a fresh read, or else the previous want) to st.want, whose
 // elements elems lists in port order (a key several ports want appears
 // several times).
-func (st *famState) diffFull(name string, prevWant map[string]*elemRef, elems []*element, t *txn) {
+func (st *famState) diffFull(name string, prevWant map[string]elemRef, elems []*element, t *txn) {
 	kernel := st.kElems[name]
 	if st.kElems != nil && kernel == nil {
 		kernel = map[string]string{} // read, and empty
@@ -574,13 +571,13 @@ func (st *famState) diffFull(name string, prevWant map[string]*elemRef, elems []
 	var gone []string
 	if kernel != nil {
 		for k := range kernel {
-			if want[k] == nil {
+			if _, ok := want[k]; !ok {
 				gone = append(gone, k)
 			}
 		}
 	} else {
 		for k := range prevWant {
-			if want[k] == nil {
+			if _, ok := want[k]; !ok {
 				gone = append(gone, k)
 			}
 		}
@@ -601,14 +598,14 @@ func (st *famState) diffElems(name string, keys map[string]prior, t *txn) {
 
 // diffElem emits what turns the kernel's element k (h) into the wanted one.
 func (st *famState) diffElem(name, k string, h prior, t *txn) {
-	w := st.want[name][k]
+	w, wanted := st.want[name][k]
 	isMap := isMapName(name)
 	switch {
-	case w == nil && h.present:
+	case !wanted && h.present:
 		t.dels = append(t.dels, elemOp(opDelete, &element{Set: name, Key: k}, isMap))
-	case w != nil && !h.present:
+	case wanted && !h.present:
 		t.adds = append(t.adds, elemOp(opAdd, w.e, isMap))
-	case w != nil && h.value != w.e.Value:
+	case wanted && h.value != w.e.Value:
 		t.dels = append(t.dels, elemOp(opDelete, &element{Set: name, Key: w.e.Key}, isMap))
 		t.adds = append(t.adds, elemOp(opAdd, w.e, isMap))
 	}

@@ -24,13 +24,13 @@ const (
 // (tables, chains with rule text, sets, maps, elements), which any kernel
 // implementation (nft CLI, netlink) can consume.
 type op struct {
-	verb opVerb
-	obj  knftables.Object // nil for an element
+	obj knftables.Object // nil for an element
 	// elem is an element of a set (isMap false) or map, kept in render's
 	// compact form: a 100k-element sync would otherwise hold 100k
 	// knftables objects.
 	elem  *element
-	isMap bool
+	verb  opVerb
+	isMap bool // (the small fields last: 32 bytes, not 40)
 }
 
 // opList is a transaction's operations, in order, in parts.

@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 )
 
 func TestSlotAlloc(t *testing.T) {
@@ -91,5 +92,12 @@ func TestPairRanges(t *testing.T) {
 		if got[k] != v {
 			t.Errorf("pairRanges[%q] = %q, want %q (all: %v)", k, got[k], v, got)
 		}
+	}
+}
+
+// A full sync at 10k Services holds ~130k ops at once.
+func TestOpSize(t *testing.T) {
+	if n := unsafe.Sizeof(op{}); n != 32 {
+		t.Errorf("op is %d bytes, want 32 (small fields last)", n)
 	}
 }
