@@ -199,7 +199,8 @@ func (s *suite) run(t *testing.T, c config, f *figures) {
 	rb.measureIdle(s.p, f, smp)
 	rb.measureDataplane(s.p, f, "n")
 	if s.p.profile != "" {
-		rb.captureProfile(t, s.profilePath(c, "end.heap"), "heap")
+		// gc=1: the live heap after the run, not as of the last cycle.
+		rb.captureProfile(t, s.profilePath(c, "end.heap"), "heap?gc=1")
 	}
 }
 
