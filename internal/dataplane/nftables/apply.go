@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -272,22 +273,40 @@ func (st *famState) syncStaged(ctx context.Context, cfg dataplane.Config, fs *mo
 	// the kernel.
 	stages := make(chan func() opList, 64)
 	stop, done := make(chan struct{}), make(chan struct{})
+	var renderErr error
 	go func() {
 		defer close(done)
 		defer close(stages)
-		st.renderFull(cfg, fs, node, t, func(stage func() opList) bool {
-			select {
-			case stages <- stage:
-				return true
-			case <-stop:
-				return false
-			}
+		renderErr = catch("rendering the full sync", func() {
+			st.renderFull(cfg, fs, node, t, func(stage func() opList) bool {
+				select {
+				case stages <- stage:
+					return true
+				case <-stop:
+					return false
+				}
+			})
 		})
 	}()
 	err := st.kern.ApplyStages(ctx, stages)
 	close(stop)
 	<-done
-	return err
+	// A rendering that panicked closed the stages early: what was
+	// applied is only some unreachable chains, and the sync failed.
+	return cmp.Or(renderErr, err)
+}
+
+// catch runs f and turns a panic into an error carrying its stack: in a
+// goroutine of a sync, a bug must fail that sync (which the runner
+// retries, as it does when the sync itself panics), not end the process.
+func catch(what string, f func()) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%s panicked: %v\n%s", what, p, debug.Stack())
+		}
+	}()
+	f()
+	return nil
 }
 
 // prepareFull reads the kernel when needed and diffs the whole desired

@@ -65,10 +65,14 @@ func (k *nlKernel) ApplyStages(_ context.Context, stages <-chan func() opList) e
 	go func() {
 		defer close(next)
 		for stage := range stages {
-			ops := stage()
 			var e encoded
-			if e.n = ops.len(); e.n > 0 {
-				e.b, e.err = k.nl.encodeInto(newPooledNLBatch(k.nl.nfproto(), k.nl.table.Name, pool), ops, k.sets)
+			if err := catch("encoding a stage", func() {
+				ops := stage()
+				if e.n = ops.len(); e.n > 0 {
+					e.b, e.err = k.nl.encodeInto(newPooledNLBatch(k.nl.nfproto(), k.nl.table.Name, pool), ops, k.sets)
+				}
+			}); err != nil {
+				e.err = err
 			}
 			select {
 			case next <- e:

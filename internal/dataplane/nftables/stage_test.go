@@ -216,3 +216,41 @@ func TestApplyForgetsWrittenRules(t *testing.T) {
 	e.checkKernel(snap)
 	noRules("repair")
 }
+
+// A bug that panics while a staged sync renders (here: a nil port, which
+// the model never makes) fails that sync with the panic as its error,
+// instead of ending the process from the rendering goroutine; chains
+// already staged are unreachable, and the next sync converges.
+func TestApplyStagedRenderPanicFailsTheSync(t *testing.T) {
+	withStages(t, 1, 10)
+	e := newApplyEnv(t)
+	snap := scaleSnapshot(40, 3)
+	bad := *snap
+	v4 := *snap.V4
+	v4.Ports = slices.Clone(v4.Ports)
+	v4.Ports[30] = nil
+	bad.V4 = &v4
+	err := e.p.Sync(context.Background(), &bad, dataplane.SyncRequest{Full: true})
+	if err == nil || !strings.Contains(err.Error(), "rendering the full sync panicked") {
+		t.Fatalf("Sync = %v, want the rendering's panic as an error", err)
+	}
+	e.sync(snap, dataplane.SyncRequest{Full: true})
+	e.checkKernel(snap)
+}
+
+// The same for a stage that panics while it is made or encoded (in
+// nlKernel's encoding goroutine): ApplyStages returns it as an error,
+// before sending anything.
+func TestNetlinkStagePanicIsAnError(t *testing.T) {
+	k := newNLKernel(model.IPv4, DefaultTableName, &genTracker{})
+	stages := make(chan func() opList, 1)
+	stages <- func() opList { panic("bad stage") }
+	close(stages)
+	err := k.ApplyStages(context.Background(), stages)
+	if err == nil || !strings.Contains(err.Error(), "encoding a stage panicked: bad stage") {
+		t.Fatalf("ApplyStages = %v, want the stage's panic as an error", err)
+	}
+	if k.batches != 0 {
+		t.Errorf("%d batches sent", k.batches)
+	}
+}
