@@ -119,7 +119,7 @@ func BenchmarkColdSync10k(b *testing.B) {
 		pool := &chunkPool{}
 		encode := func(stage func() opList) bool {
 			nl := newNetlinkReader(model.IPv4, DefaultTableName)
-			batch, err := nl.encodeInto(newPooledNLBatch(nl.nfproto(), DefaultTableName, pool), stage(), sets)
+			batch, err := nl.encodePooled(stage(), sets, pool)
 			if err != nil {
 				b.Fatal(err)
 			}

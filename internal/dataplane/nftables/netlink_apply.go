@@ -47,6 +47,12 @@ func (n *netlinkReader) encode(ops opList, sets map[string]*set) (*nlBatch, erro
 	return n.encodeInto(newNLBatch(n.nfproto(), n.table.Name, 64*ops.len()+4096), ops, sets)
 }
 
+// encodePooled is encode into a batch whose chunks come from pool (and go
+// back to it with release).
+func (n *netlinkReader) encodePooled(ops opList, sets map[string]*set, pool *chunkPool) (*nlBatch, error) {
+	return n.encodeInto(newPooledNLBatch(n.nfproto(), n.table.Name, pool), ops, sets)
+}
+
 // encodeInto is encode into a started batch b.
 func (n *netlinkReader) encodeInto(b *nlBatch, ops opList, sets map[string]*set) (*nlBatch, error) {
 	t := &nlTxn{n: n, b: b, sets: sets}

@@ -231,7 +231,7 @@ func TestPooledBatchEqualsFresh(t *testing.T) {
 	// second, only the rules, reuses them.
 	parts := []opList{tx.ops(), {tx.rules}}
 	for i, ops := range parts {
-		b, err := k.nl.encodeInto(newPooledNLBatch(k.nl.nfproto(), DefaultTableName, pool), ops, k.sets)
+		b, err := k.nl.encodePooled(ops, k.sets, pool)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -69,7 +69,7 @@ func (k *nlKernel) ApplyStages(_ context.Context, stages <-chan func() opList) e
 			if err := catch("encoding a stage", func() {
 				ops := stage()
 				if e.n = ops.len(); e.n > 0 {
-					e.b, e.err = k.nl.encodeInto(newPooledNLBatch(k.nl.nfproto(), k.nl.table.Name, pool), ops, k.sets)
+					e.b, e.err = k.nl.encodePooled(ops, k.sets, pool)
 				}
 			}); err != nil {
 				e.err = err
