@@ -1,5 +1,5 @@
 // Package api is kproxy's Kubernetes API source: client-go shared informers
-// for Services, EndpointSlices, this node's Node and the ServiceCIDRs,
+// (over a client of only the API groups it reads) for Services, EndpointSlices, this node's Node and the ServiceCIDRs,
 // selecting as upstream
 // kube-proxy does, converting every object to its slim form before it is
 // cached, and reporting events to a source.Handler.
@@ -8,16 +8,17 @@ package api
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
@@ -27,7 +28,7 @@ import (
 
 // Source watches the API server. Create it with New; Run starts it.
 type Source struct {
-	client   kubernetes.Interface
+	api      Lister
 	nodeName string
 	resync   time.Duration
 	h        source.Handler
@@ -37,8 +38,8 @@ type Source struct {
 // New returns a Source that reports to h the Services and EndpointSlices kproxy
 // proxies, the Node called nodeName and every ServiceCIDR. resync is the informers' resync period
 // (configSyncPeriod; 0 disables resyncs). New starts nothing.
-func New(client kubernetes.Interface, nodeName string, resync time.Duration, h source.Handler, logger klog.Logger) *Source {
-	return &Source{client: client, nodeName: nodeName, resync: resync, h: h, logger: logger}
+func New(api Lister, nodeName string, resync time.Duration, h source.Handler, logger klog.Logger) *Source {
+	return &Source{api: api, nodeName: nodeName, resync: resync, h: h, logger: logger}
 }
 
 // watch is one informer and the kind it lists.
@@ -53,7 +54,7 @@ type watch struct {
 // It returns nil when ctx is done, or an error when the informers cannot be
 // set up.
 func (s *Source) Run(ctx context.Context) error {
-	factories, watches, err := s.informers()
+	watches, err := s.informers()
 	if err != nil {
 		return err
 	}
@@ -63,14 +64,11 @@ func (s *Source) Run(ctx context.Context) error {
 			return fmt.Errorf("watching %s: %w", w.kind, err)
 		}
 	}
-	for _, f := range factories {
-		f.Start(ctx.Done())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for _, w := range watches {
+		wg.Go(func() { w.informer.RunWithContext(ctx) })
 	}
-	defer func() {
-		for _, f := range factories {
-			f.Shutdown()
-		}
-	}()
 	s.logger.Info("Watching the API server", "node", s.nodeName, "resync", s.resync)
 	for i, w := range watches {
 		go s.reportSynced(ctx, w.kind, regs[i])
@@ -93,17 +91,18 @@ func (s *Source) reportSynced(ctx context.Context, kind source.Kind, reg cache.R
 	s.h.OnSynced(kind)
 }
 
-// informers makes one factory per selection, as upstream: Services without a
-// service-proxy-name label and with a cluster IP, EndpointSlices without the
-// headless label, the Node called nodeName, and all ServiceCIDRs.
-func (s *Source) informers() ([]informers.SharedInformerFactory, []watch, error) {
+// informers makes one informer per kind, selecting as upstream: Services
+// without a service-proxy-name label and with a cluster IP, EndpointSlices
+// without the headless label, the Node called nodeName, and all
+// ServiceCIDRs. Each slims its objects before caching them (slim.go).
+func (s *Source) informers() ([]watch, error) {
 	noProxyName, err := labels.NewRequirement(objects.LabelServiceProxyName, selection.DoesNotExist, nil)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	noHeadless, err := labels.NewRequirement(objects.LabelHeadless, selection.DoesNotExist, nil)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	svcTweak := func(o *metav1.ListOptions) {
 		o.LabelSelector = labels.NewSelector().Add(*noProxyName).String()
@@ -112,44 +111,33 @@ func (s *Source) informers() ([]informers.SharedInformerFactory, []watch, error)
 	sliceTweak := func(o *metav1.ListOptions) {
 		o.LabelSelector = labels.NewSelector().Add(*noHeadless).String()
 	}
-	svcF := informers.NewSharedInformerFactoryWithOptions(s.client, s.resync, informers.WithTweakListOptions(svcTweak))
-	sliceF := informers.NewSharedInformerFactoryWithOptions(s.client, s.resync, informers.WithTweakListOptions(sliceTweak))
-	svcInformer, sliceInformer := bigInformers(s.client, svcF, sliceF, svcTweak, sliceTweak)
-	nodeF := informers.NewSharedInformerFactoryWithOptions(s.client, s.resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.nodeName).String()
-		}))
+	nodeTweak := func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.nodeName).String()
+	}
 	// All ServiceCIDRs. If the server lacks the resource or RBAC forbids
 	// it, this informer keeps retrying (logging each failure) and never
 	// syncs; nothing waits for it.
-	cidrF := informers.NewSharedInformerFactoryWithOptions(s.client, s.resync)
-	watches := []watch{
-		{source.Services, svcInformer, s.serviceHandler()},
-		{source.EndpointSlices, sliceInformer, s.sliceHandler()},
-		{source.Nodes, nodeF.Core().V1().Nodes().Informer(), s.nodeHandler()},
-		{source.ServiceCIDRs, cidrF.Networking().V1().ServiceCIDRs().Informer(), s.serviceCIDRHandler()},
+	allCIDRs := func(*metav1.ListOptions) {}
+	kinds := []struct {
+		kind      source.Kind
+		example   runtime.Object
+		tweak     func(*metav1.ListOptions)
+		handler   cache.ResourceEventHandler
+		transform cache.TransformFunc
+	}{
+		{source.Services, &corev1.Service{}, svcTweak, s.serviceHandler(), slimService},
+		{source.EndpointSlices, &discoveryv1.EndpointSlice{}, sliceTweak, s.sliceHandler(), slimSlice},
+		{source.Nodes, &corev1.Node{}, nodeTweak, s.nodeHandler(), s.slimNode},
+		{source.ServiceCIDRs, &networkingv1.ServiceCIDR{}, allCIDRs, s.serviceCIDRHandler(), slimServiceCIDR},
 	}
-	transforms := []cache.TransformFunc{slimService, slimSlice, s.slimNode, slimServiceCIDR}
-	for i, w := range watches {
-		if err := w.informer.SetTransform(transforms[i]); err != nil {
-			return nil, nil, fmt.Errorf("watching %s: %w", w.kind, err)
+	watches := make([]watch, len(kinds))
+	for i, k := range kinds {
+		inf := cache.NewSharedIndexInformerWithOptions(s.api.ListWatch(k.kind, k.tweak), k.example,
+			cache.SharedIndexInformerOptions{ResyncPeriod: s.resync})
+		if err := inf.SetTransform(k.transform); err != nil {
+			return nil, fmt.Errorf("watching %s: %w", k.kind, err)
 		}
+		watches[i] = watch{k.kind, inf, k.handler}
 	}
-	return []informers.SharedInformerFactory{svcF, sliceF, nodeF, cidrF}, watches, nil
-}
-
-// bigInformers returns the Services and EndpointSlices informers of the
-// factories: for a real API server with streamed lists (stream.go), for a
-// fake clientset (which has no HTTP body to stream) the factories' own.
-func bigInformers(client kubernetes.Interface, svcF, sliceF informers.SharedInformerFactory, svcTweak, sliceTweak func(*metav1.ListOptions)) (svc, slices cache.SharedIndexInformer) {
-	if _, ok := client.(*kubernetes.Clientset); !ok {
-		return svcF.Core().V1().Services().Informer(), sliceF.Discovery().V1().EndpointSlices().Informer()
-	}
-	svc = svcF.InformerFor(&corev1.Service{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-		return streamedServices(c).informer(&corev1.Service{}, svcTweak, c.CoreV1().Services("").Watch, resync)
-	})
-	slices = sliceF.InformerFor(&discoveryv1.EndpointSlice{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-		return streamedSlices(c).informer(&discoveryv1.EndpointSlice{}, sliceTweak, c.DiscoveryV1().EndpointSlices("").Watch, resync)
-	})
-	return svc, slices
+	return watches, nil
 }

@@ -23,6 +23,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/kproxy/kproxy/internal/objects"
+	"github.com/kproxy/kproxy/internal/source"
 	"github.com/kproxy/kproxy/internal/source/sourcetest"
 )
 
@@ -58,20 +59,49 @@ func serviceCIDR(name string, cidrs ...string) *networkingv1.ServiceCIDR {
 	return &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: networkingv1.ServiceCIDRSpec{CIDRs: cidrs}}
 }
 
+// fakeLister lists and watches through a fake clientset's typed clients.
+// Like the clientset, it does not do watch-list requests.
+type fakeLister struct{ c kubernetes.Interface }
+
+func (f fakeLister) ListWatch(kind source.Kind, tweak func(*metav1.ListOptions)) cache.ListerWatcher {
+	type lw struct {
+		list  cache.ListWithContextFunc
+		watch cache.WatchFuncWithContext
+	}
+	var k lw
+	switch kind {
+	case source.Services:
+		c := f.c.CoreV1().Services("")
+		k = lw{func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return c.List(ctx, o) }, c.Watch}
+	case source.EndpointSlices:
+		c := f.c.DiscoveryV1().EndpointSlices("")
+		k = lw{func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return c.List(ctx, o) }, c.Watch}
+	case source.Nodes:
+		c := f.c.CoreV1().Nodes()
+		k = lw{func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return c.List(ctx, o) }, c.Watch}
+	case source.ServiceCIDRs:
+		c := f.c.NetworkingV1().ServiceCIDRs()
+		k = lw{func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return c.List(ctx, o) }, c.Watch}
+	}
+	return cache.ToListWatcherWithWatchListSemantics(tweaked(k.list, k.watch, tweak), f.c)
+}
+
 // start runs a Source on a fake clientset holding objs until the test ends.
 func start(t *testing.T, objs ...runtime.Object) (kubernetes.Interface, *sourcetest.Recorder) {
 	t.Helper()
-	return startClient(t, fake.NewClientset(objs...))
+	client := fake.NewClientset(objs...)
+	return client, run(t, fakeLister{client})
 }
 
-func startClient(t *testing.T, client kubernetes.Interface) (kubernetes.Interface, *sourcetest.Recorder) {
+// run runs a Source on api until the test ends.
+func run(t *testing.T, api Lister) *sourcetest.Recorder {
 	t.Helper()
 	rec := sourcetest.NewRecorder()
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- New(client, "node-a", time.Hour, rec, ktesting.NewLogger(t, ktesting.NewConfig())).Run(ctx)
+		done <- New(api, "node-a", time.Hour, rec, ktesting.NewLogger(t, ktesting.NewConfig())).Run(ctx)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -79,7 +109,7 @@ func startClient(t *testing.T, client kubernetes.Interface) (kubernetes.Interfac
 			t.Errorf("Run: %v", err)
 		}
 	})
-	return client, rec
+	return rec
 }
 
 func TestInitialList(t *testing.T) {
@@ -227,7 +257,7 @@ func TestServiceCIDRsForbidden(t *testing.T) {
 			client.PrependReactor("list", "servicecidrs", func(k8stesting.Action) (bool, runtime.Object, error) {
 				return true, nil, tc.err
 			})
-			_, rec := startClient(t, client)
+			rec := run(t, fakeLister{client})
 			got := rec.WaitFor(t, "synced Services", "synced EndpointSlices", "synced Node", "service ns/a", "node node-a")
 			time.Sleep(100 * time.Millisecond)
 			got = append(got, rec.Take()...)

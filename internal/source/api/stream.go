@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	corev1 "k8s.io/api/core/v1"
@@ -17,9 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	apiwatch "k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
@@ -80,9 +76,10 @@ func (e *entry) DeepCopyObject() runtime.Object {
 // entry.
 type itemDecoder func(data []byte) (any, error)
 
-// streamList lists resource of rc's API group: it decodes a protobuf
-// response item by item with item, and any other response (JSON) whole, then
-// slims it with transform.
+// streamList lists and watches resource of rc's API group. A list decodes
+// a protobuf response item by item with item, and any other response (JSON,
+// or any response when item is nil) whole, then slims it with transform
+// (none: the informer's transform slims the items).
 type streamList struct {
 	rc        rest.Interface
 	resource  string
@@ -90,43 +87,26 @@ type streamList struct {
 	transform cache.TransformFunc
 }
 
-// informer returns an informer whose lists are streamed and whose watches
-// are watch's, with tweak applied to the options of both.
-func (s *streamList) informer(example runtime.Object, tweak func(*metav1.ListOptions), watchFunc cache.WatchFuncWithContext, resync time.Duration) cache.SharedIndexInformer {
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			tweak(&o)
-			return s.list(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (apiwatch.Interface, error) {
-			tweak(&o)
-			return watchFunc(ctx, o)
-		},
-	}
-	return cache.NewSharedIndexInformerWithOptions(lw, example, cache.SharedIndexInformerOptions{ResyncPeriod: resync})
-}
-
 func (s *streamList) list(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-	req := s.rc.Get().Resource(s.resource).VersionedParams(&opts, scheme.ParameterCodec)
-	if opts.TimeoutSeconds != nil {
-		req = req.Timeout(time.Duration(*opts.TimeoutSeconds) * time.Second)
-	}
-	body, err := req.Stream(ctx)
+	body, err := s.request(&opts).Stream(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer body.Close()
 	r := bufio.NewReaderSize(body, 64<<10)
-	if head, err := r.Peek(len(protoMagic)); err == nil && bytes.Equal(head, protoMagic) {
+	if head, err := r.Peek(len(protoMagic)); s.item != nil && err == nil && bytes.Equal(head, protoMagic) {
 		return decodeProtoList(r, s.item)
 	}
 	data, err := io.ReadAll(r)
 	if err != nil {
 		return nil, fmt.Errorf("reading the %s list: %w", s.resource, err)
 	}
-	typed, err := runtime.Decode(scheme.Codecs.UniversalDeserializer(), data)
+	typed, err := runtime.Decode(apiCodecs.UniversalDeserializer(), data)
 	if err != nil {
 		return nil, fmt.Errorf("decoding the %s list: %w", s.resource, err)
+	}
+	if s.transform == nil {
+		return typed, nil
 	}
 	return slimList(typed, s.transform)
 }
@@ -298,16 +278,6 @@ func unexpectedEOF(err error) error {
 		return io.ErrUnexpectedEOF
 	}
 	return err
-}
-
-// streamedServices lists Services item by item.
-func streamedServices(c kubernetes.Interface) *streamList {
-	return &streamList{rc: c.CoreV1().RESTClient(), resource: "services", item: decodeService, transform: slimService}
-}
-
-// streamedSlices lists EndpointSlices item by item.
-func streamedSlices(c kubernetes.Interface) *streamList {
-	return &streamList{rc: c.DiscoveryV1().RESTClient(), resource: "endpointslices", item: decodeSliceWire, transform: slimSlice}
 }
 
 func decodeService(data []byte) (any, error) {

@@ -13,19 +13,15 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
-	"k8s.io/klog/v2/ktesting"
 
 	"github.com/kproxy/kproxy/internal/objects"
-	"github.com/kproxy/kproxy/internal/source/sourcetest"
 )
 
 // encodeProto encodes obj as the API server does for a protobuf client.
@@ -101,13 +97,14 @@ func TestDecodeProtoListErrors(t *testing.T) {
 }
 
 // fakeServer is a minimal API server: protobuf (or JSON) lists, rejected
-// watch-list requests (as an API server without it), and watches that stay
-// open without events.
+// watch-list requests (as an API server without it), and watches that send
+// the path's events (JSON, ADDED) then stay open.
 type fakeServer struct {
-	json  bool
-	lists map[string]runtime.Object // by path
-	pages map[string]func(i int) (runtime.Object, bool)
-	gvs   map[string]schema.GroupVersion
+	json   bool
+	lists  map[string]runtime.Object // by path
+	pages  map[string]func(i int) (runtime.Object, bool)
+	gvs    map[string]schema.GroupVersion
+	events map[string][]runtime.Object
 }
 
 func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -119,6 +116,13 @@ func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusOK)
+		for _, obj := range f.events[r.URL.Path] {
+			data, err := runtime.Encode(scheme.Codecs.LegacyCodec(f.gvs[r.URL.Path]), obj)
+			if err != nil {
+				panic(err)
+			}
+			fmt.Fprintf(w, `{"type":"ADDED","object":%s}`+"\n", data)
+		}
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
 		return
@@ -157,9 +161,10 @@ func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(data)
 }
 
-// A real clientset lists Services and EndpointSlices through the streamed
-// lists, in protobuf and in JSON.
-func TestStreamedListsThroughClientset(t *testing.T) {
+// The Client lists Services and EndpointSlices through the streamed lists
+// and Nodes and ServiceCIDRs whole, in protobuf and in JSON, and its watches
+// decode events.
+func TestClientListsAndWatches(t *testing.T) {
 	for _, json := range []bool{false, true} {
 		t.Run(fmt.Sprintf("json=%v", json), func(t *testing.T) {
 			svcs := serviceList(3)
@@ -172,13 +177,29 @@ func TestStreamedListsThroughClientset(t *testing.T) {
 				}
 				return l, i < 2
 			}
+			const (
+				svcPath   = "/api/v1/services"
+				slicePath = "/apis/discovery.k8s.io/v1/endpointslices"
+				nodePath  = "/api/v1/nodes"
+				cidrPath  = "/apis/networking.k8s.io/v1/servicecidrs"
+			)
 			f := &fakeServer{json: json,
-				lists: map[string]runtime.Object{"/api/v1/services": svcs},
-				pages: map[string]func(int) (runtime.Object, bool){"/apis/discovery.k8s.io/v1/endpointslices": slicePage},
+				lists: map[string]runtime.Object{
+					svcPath:  svcs,
+					nodePath: &corev1.NodeList{Items: []corev1.Node{*node("node-a", "z1"), *node("node-b", "z2")}},
+					cidrPath: &networkingv1.ServiceCIDRList{Items: []networkingv1.ServiceCIDR{*serviceCIDR("kubernetes", "198.18.128.0/17")}},
+				},
+				pages: map[string]func(int) (runtime.Object, bool){slicePath: slicePage},
 				gvs: map[string]schema.GroupVersion{
-					"/api/v1/services":                         corev1.SchemeGroupVersion,
-					"/apis/discovery.k8s.io/v1/endpointslices": discoveryv1.SchemeGroupVersion,
-				}}
+					svcPath: corev1.SchemeGroupVersion, slicePath: discoveryv1.SchemeGroupVersion,
+					nodePath: corev1.SchemeGroupVersion, cidrPath: networkingv1.SchemeGroupVersion,
+				},
+				events: map[string][]runtime.Object{
+					svcPath:   {service("w0", "198.18.128.200")},
+					slicePath: {endpointSlice("w0-1", "w0")},
+					cidrPath:  {serviceCIDR("extra", "198.18.200.0/24")},
+				},
+			}
 			srv := httptest.NewServer(f)
 			t.Cleanup(srv.Close)
 			cfg := &rest.Config{Host: srv.URL}
@@ -186,43 +207,20 @@ func TestStreamedListsThroughClientset(t *testing.T) {
 			if json {
 				cfg.ContentType = "application/json"
 			}
-			client, err := kubernetes.NewForConfig(cfg)
+			client, err := clientFor(cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, rec := startClient(t, client)
-			got := rec.WaitFor(t, "synced Services", "synced EndpointSlices")
+			rec := run(t, client)
+			got := rec.WaitFor(t, "synced Services", "synced EndpointSlices", "synced Node", "synced ServiceCIDRs",
+				"service ns/w0", "slice ns/w0-1", "servicecidr extra")
 			slices.Sort(got)
-			want := []string{"service ns/s0", "service ns/s1", "service ns/s2", "slice ns/s0-1", "slice ns/s1-1", "synced EndpointSlices", "synced Services"}
-			got = slices.DeleteFunc(got, func(s string) bool { return strings.Contains(s, "node") || strings.Contains(s, "servicecidr") })
+			want := []string{"node node-a", "service ns/s0", "service ns/s1", "service ns/s2", "service ns/w0",
+				"servicecidr extra", "servicecidr kubernetes", "slice ns/s0-1", "slice ns/s1-1", "slice ns/w0-1",
+				"synced EndpointSlices", "synced Node", "synced ServiceCIDRs", "synced Services"}
 			if !slices.Equal(got, want) {
 				t.Errorf("events = %q, want %q", got, want)
 			}
 		})
-	}
-}
-
-// A real clientset gets the streamed informers (built without client-go's
-// namespace index); a fake one the factory's.
-func TestStreamedInformersOnlyForRealClients(t *testing.T) {
-	real, err := kubernetes.NewForConfig(&rest.Config{Host: "http://198.18.0.1:1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct {
-		name     string
-		client   kubernetes.Interface
-		streamed bool
-	}{{"clientset", real, true}, {"fake", fake.NewClientset(), false}} {
-		_, watches, err := New(tc.client, "node-a", 0, sourcetest.NewRecorder(), ktesting.NewLogger(t, ktesting.NewConfig())).informers()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, w := range watches[:2] {
-			_, indexed := w.informer.GetIndexer().GetIndexers()[cache.NamespaceIndex]
-			if indexed == tc.streamed {
-				t.Errorf("%s: %s informer streamed = %v, want %v", tc.name, w.kind, !indexed, tc.streamed)
-			}
-		}
 	}
 }
