@@ -83,6 +83,39 @@ func TestPlanStale(t *testing.T) {
 	}
 }
 
+// Flows that cannot be stale (established TCP, other protocols) are judged
+// without building the frontend index; the first that could be builds it.
+func TestPlanIndexesOnFirstCandidate(t *testing.T) {
+	tcp := svc("web", model.TCP, "198.18.0.10", 80, 30080, ep("198.19.1.1:8080", true))
+	udp := svc("dns", model.UDP, "198.18.0.11", 53, 0, ep("198.19.1.2:53", true))
+	plan := NewPlan(nil, fam(udp, tcp), true)
+	if plan.Empty() {
+		t.Fatal("a full plan with serving frontends is empty")
+	}
+	for _, f := range []Flow{
+		flow(model.TCP, "198.18.0.10:80", "198.19.1.1:8080"),
+		{Protocol: model.TCP, OrigDst: netip.MustParseAddrPort("198.18.0.10:80"), ReplySrc: netip.MustParseAddrPort("198.19.1.1:8080"), SynSent: true},
+		flow(model.TCP, "198.18.0.10:80", "198.18.0.10:80"),
+		{Protocol: "ICMP", OrigDst: netip.MustParseAddrPort("198.18.0.10:0"), ReplySrc: netip.MustParseAddrPort("198.18.0.10:0")},
+	} {
+		if plan.Stale(f) {
+			t.Errorf("Stale(%+v) = true", f)
+		}
+	}
+	if plan.indexed {
+		t.Errorf("the index was built for flows that cannot be stale")
+	}
+	if !plan.Stale(flow(model.UDP, "198.18.0.11:53", "198.19.9.9:53")) || !plan.indexed {
+		t.Errorf("a stale UDP flow: not found, or found without the index (indexed %v)", plan.indexed)
+	}
+	if !plan.Stale(Flow{Protocol: model.TCP, OrigDst: netip.MustParseAddrPort("198.18.50.1:30080"), ReplySrc: netip.MustParseAddrPort("198.18.50.1:30080"), SynSent: true}) {
+		t.Errorf("an un-DNATed SYN to the node port is not stale")
+	}
+	if p := NewPlan(fam(udp, tcp), fam(udp, tcp), false); !p.Empty() {
+		t.Errorf("a partial plan between equal snapshots is not empty")
+	}
+}
+
 func TestPlanPartial(t *testing.T) {
 	a1 := svc("a", model.UDP, "198.18.0.1", 53, 0, ep("198.19.0.1:53", true))
 	b := svc("b", model.UDP, "198.18.0.2", 53, 0, ep("198.19.0.2:53", true))

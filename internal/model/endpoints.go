@@ -155,8 +155,6 @@ func (r *endpointReader) endpoint(f Family, j int, e *objects.Endpoint, probs *p
 		Ready:       e.Ready.Or(true),
 		Serving:     e.Serving.Or(true),
 		Terminating: e.Terminating.Or(false),
-		NodeName:    e.NodeName,
-		Zone:        e.Zone,
 		IsLocal:     r.nodeName != "" && e.NodeName == r.nodeName,
 		Hints:       e.Hints,
 	}, true

@@ -59,7 +59,7 @@ func TestEndpointConditions(t *testing.T) {
 			p, _ := onlyPort(t, in, IPv4)
 			e := p.Endpoints[0]
 			want := Endpoint{IP: e.IP, Port: 80, Ready: tc.ready, Serving: tc.serving, Terminating: tc.terms,
-				NodeName: "node1", Zone: "z", IsLocal: true, Hints: &objects.Hints{Zones: []string{"z"}, Nodes: []string{"node1"}}}
+				IsLocal: true, Hints: &objects.Hints{Zones: []string{"z"}, Nodes: []string{"node1"}}}
 			if !reflect.DeepEqual(*e, want) {
 				t.Errorf("got %+v, want %+v", *e, want)
 			}
@@ -68,9 +68,9 @@ func TestEndpointConditions(t *testing.T) {
 }
 
 func TestEndpointSize(t *testing.T) {
-	// 100k of them at 10k Services: keep them in the 80-byte size class.
-	if n := unsafe.Sizeof(Endpoint{}); n > 80 {
-		t.Errorf("Endpoint is %d bytes, want at most 80", n)
+	// 110k of them at 10k Services: keep them in the 40-byte size class.
+	if n := unsafe.Sizeof(Endpoint{}); n > 40 {
+		t.Errorf("Endpoint is %d bytes, want at most 40", n)
 	}
 }
 
@@ -97,39 +97,39 @@ func TestDedupAcrossSlices(t *testing.T) {
 	cases := []struct {
 		name   string
 		slices []*objects.EndpointSlice
-		want   Endpoint // the survivor's conditions and node
+		want   Endpoint // the survivor's conditions and whether it is on node1 (this node)
 		probs  []string
 	}{
 		{"non-terminating wins over an earlier terminating",
 			[]*objects.EndpointSlice{
-				newSlice("s", "a", "IPv4", httpPort(80), ep("198.18.1.1", term, onNode("n-a"))),
+				newSlice("s", "a", "IPv4", httpPort(80), ep("198.18.1.1", term, onNode("node1"))),
 				newSlice("s", "b", "IPv4", httpPort(80), ep("198.18.1.1", onNode("n-b")))},
-			Endpoint{Ready: true, Serving: true, NodeName: "n-b"}, []string{"EndpointSlice endpoints"}},
+			Endpoint{Ready: true, Serving: true, IsLocal: false}, []string{"EndpointSlice endpoints"}},
 		{"terminating does not replace an earlier one",
 			[]*objects.EndpointSlice{
 				newSlice("s", "b", "IPv4", httpPort(80), ep("198.18.1.1", term, onNode("n-b"))),
-				newSlice("s", "a", "IPv4", httpPort(80), ep("198.18.1.1", onNode("n-a")))},
-			Endpoint{Ready: true, Serving: true, NodeName: "n-a"}, []string{"EndpointSlice endpoints"}},
+				newSlice("s", "a", "IPv4", httpPort(80), ep("198.18.1.1", onNode("node1")))},
+			Endpoint{Ready: true, Serving: true, IsLocal: true}, []string{"EndpointSlice endpoints"}},
 		{"between non-terminating, the later slice by name wins",
 			[]*objects.EndpointSlice{
 				newSlice("s", "b", "IPv4", httpPort(80), ep("198.18.1.1", notReady, onNode("n-b"))),
-				newSlice("s", "a", "IPv4", httpPort(80), ep("198.18.1.1", onNode("n-a")))},
-			Endpoint{NodeName: "n-b"}, []string{"EndpointSlice endpoints"}},
+				newSlice("s", "a", "IPv4", httpPort(80), ep("198.18.1.1", onNode("node1")))},
+			Endpoint{IsLocal: false}, []string{"EndpointSlice endpoints"}},
 		{"same address, other port is no duplicate",
 			[]*objects.EndpointSlice{
-				newSlice("s", "a", "IPv4", httpPort(80), ep("198.18.1.1", onNode("n-a"))),
+				newSlice("s", "a", "IPv4", httpPort(80), ep("198.18.1.1", onNode("node1"))),
 				newSlice("s", "b", "IPv4", httpPort(81), ep("198.18.1.1", onNode("n-b")))},
-			Endpoint{Ready: true, Serving: true, NodeName: "n-a"}, nil},
+			Endpoint{Ready: true, Serving: true, IsLocal: true}, nil},
 		{"duplicate within one slice",
 			[]*objects.EndpointSlice{
-				newSlice("s", "a", "IPv4", httpPort(80), ep("198.18.1.1", onNode("n-a")), ep("198.18.1.1", term, onNode("n-x")))},
-			Endpoint{Ready: true, Serving: true, NodeName: "n-a"}, []string{"EndpointSlice endpoints"}},
+				newSlice("s", "a", "IPv4", httpPort(80), ep("198.18.1.1", onNode("node1")), ep("198.18.1.1", term, onNode("n-x")))},
+			Endpoint{Ready: true, Serving: true, IsLocal: true}, []string{"EndpointSlice endpoints"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			p, probs := onlyPort(t, makeInput(nil, []*objects.Service{newSvc("s")}, tc.slices...), IPv4)
 			got := *p.Endpoints[0]
-			if got.Ready != tc.want.Ready || got.Serving != tc.want.Serving || got.Terminating != tc.want.Terminating || got.NodeName != tc.want.NodeName {
+			if got.Ready != tc.want.Ready || got.Serving != tc.want.Serving || got.Terminating != tc.want.Terminating || got.IsLocal != tc.want.IsLocal {
 				t.Errorf("survivor %+v, want %+v", got, tc.want)
 			}
 			if fields := problemFields(probs); !slices.Equal(fields, tc.probs) {

@@ -238,9 +238,10 @@ type Endpoint struct {
 	Ready       bool
 	Serving     bool
 	Terminating bool
-	NodeName    string
-	Zone        string
-	// IsLocal is true when the endpoint runs on this node.
+	// IsLocal is true when the endpoint runs on this node. The endpoint's
+	// node name and zone are not kept: nothing after the model reads them
+	// (topology reads the hints), and without them an Endpoint is 40 bytes
+	// instead of 80 (110k endpoints at 10k Services: 4.4 MB less).
 	IsLocal bool
 	// Hints are the slice's topology hints (shared with the slim slice,
 	// never changed); nil when absent.

@@ -38,14 +38,9 @@ func Node() model.NodeInfo {
 		InternalIPs: []netip.Addr{NodeIP, NodeIP6}}
 }
 
-// EP builds a ready endpoint; local endpoints run on node-a, others on
-// node-b.
+// EP builds a ready endpoint, on this node (node-a) when local.
 func EP(ip string, port uint16, local bool) *model.Endpoint {
-	e := &model.Endpoint{IP: netip.MustParseAddr(ip), Port: port, Ready: true, Serving: true, NodeName: "node-b", IsLocal: local}
-	if local {
-		e.NodeName = "node-a"
-	}
-	return e
+	return &model.Endpoint{IP: netip.MustParseAddr(ip), Port: port, Ready: true, Serving: true, IsLocal: local}
 }
 
 // Terminating turns e into a serving, terminating, not ready endpoint.
