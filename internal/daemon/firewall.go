@@ -10,6 +10,9 @@ import (
 	"strings"
 
 	"k8s.io/klog/v2"
+
+	"github.com/kproxy/kproxy/internal/dataplane/iptables"
+	"github.com/kproxy/kproxy/internal/model"
 )
 
 // kube-proxy's iptables mode (upstream's and kproxy's) also creates
@@ -31,14 +34,26 @@ const (
 )
 
 // iptablesTools are the iptables programs of both backends and families.
-var iptablesTools = []string{"iptables-nft", "ip6tables-nft", "iptables-legacy", "ip6tables-legacy"}
+var iptablesTools = []struct {
+	name    string
+	backend iptables.Backend
+	family  model.Family
+}{
+	{"iptables-nft", iptables.BackendNFT, model.IPv4},
+	{"ip6tables-nft", iptables.BackendNFT, model.IPv6},
+	{"iptables-legacy", iptables.BackendLegacy, model.IPv4},
+	{"ip6tables-legacy", iptables.BackendLegacy, model.IPv6},
+}
 
 // removeFirewallLeftovers removes KUBE-FIREWALL from every iptables backend
 // and family where it is a proxy's leftover (see above).
 func removeFirewallLeftovers(ctx context.Context) error {
 	var errs []error
 	for _, tool := range iptablesTools {
-		if err := removeFirewall(ctx, tool); err != nil {
+		if !iptables.HasTables(tool.backend, tool.family) {
+			continue // no filter table, no KUBE-FIREWALL
+		}
+		if err := removeFirewall(ctx, tool.name); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"strings"
@@ -72,8 +73,12 @@ func removeIPVSLeftovers(ctx context.Context) error {
 }
 
 // destroyIPSets destroys the KUBE-* ip sets, each on its own: a set still
-// referenced by an iptables rule stays (logged at V(2)).
+// referenced by an iptables rule stays (logged at V(2)). Without the ip_set
+// module there are no sets, and ipset is not run.
 func destroyIPSets(ctx context.Context) {
+	if _, err := os.Stat("/sys/module/ip_set"); errors.Is(err, fs.ErrNotExist) {
+		return
+	}
 	path, err := exec.LookPath("ipset")
 	if err != nil {
 		return

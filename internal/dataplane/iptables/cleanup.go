@@ -15,10 +15,15 @@ import (
 // hint chain says that a kubelet owns it (used when switching backends: the
 // node's kubelet, if any, is on the other one). It reads each family with one -save call without -t: naming a table
 // would make the legacy backend create it. Tables, modules or binaries that
-// are not there are skipped.
+// are not there are skipped, and in this process's own namespace so are
+// backends and families without tables (HasTables).
 func cleanupBackend(ctx context.Context, ex Exec, b Backend, firewall bool) error {
 	var errs []error
+	_, local := ex.(OSExec)
 	for _, fam := range []model.Family{model.IPv4, model.IPv6} {
+		if local && !HasTables(b, fam) {
+			continue
+		}
 		out, err := ex.Run(ctx, nil, b.cmd(fam, "-save"))
 		if err != nil {
 			continue // no module or binary: nothing to remove

@@ -139,9 +139,9 @@ func (c *Client) ListWatch(kind source.Kind, tweak func(*metav1.ListOptions)) ca
 	var s *streamList
 	switch kind {
 	case source.Services:
-		s = &streamList{rc: c.core, resource: "services", item: decodeService, transform: slimService}
+		s = &streamList{rc: c.core, resource: "services", items: func() itemDecoder { return decodeService }, transform: slimService}
 	case source.EndpointSlices:
-		s = &streamList{rc: c.discovery, resource: "endpointslices", item: decodeSliceWire, transform: slimSlice}
+		s = &streamList{rc: c.discovery, resource: "endpointslices", items: newSliceDecoder, transform: slimSlice}
 	case source.Nodes:
 		s = &streamList{rc: c.core, resource: "nodes"}
 	case source.ServiceCIDRs:

@@ -3,6 +3,7 @@ package api
 import (
 	"reflect"
 	"testing"
+	"unsafe"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -62,6 +63,48 @@ func fullSlice() *discoveryv1.EndpointSlice {
 			{Name: ptr.To(""), Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To[int32](53)},
 			{},
 		},
+	}
+}
+
+// A list's decoder decodes as decodeSliceWire does, and two slices of one
+// list share their repeated strings; the slice's own names are not kept.
+func TestSliceDecoderInterns(t *testing.T) {
+	data, err := fullSlice().Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := decodeSliceWire(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := newSliceDecoder()
+	var got [2]*objects.EndpointSlice
+	for i := range got {
+		e, err := dec(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(e, want) {
+			t.Fatalf("decoded =\n%#v\nwant\n%#v", e, want)
+		}
+		got[i] = e.(*entry).obj.(*objects.EndpointSlice)
+	}
+	same := func(a, b string) bool { return unsafe.StringData(a) == unsafe.StringData(b) }
+	a, b := got[0], got[1]
+	ea, eb := a.Endpoints[0], b.Endpoints[0]
+	for what, shared := range map[string]bool{
+		"node name":     same(ea.NodeName, eb.NodeName),
+		"zone":          same(ea.Zone, eb.Zone),
+		"zone hint":     same(ea.Hints.Zones[0], eb.Hints.Zones[0]),
+		"port name":     same(a.Ports[0].Name, b.Ports[0].Name),
+		"protocol":      same(a.Ports[0].Protocol, b.Ports[0].Protocol),
+		"address type":  same(a.AddressType, b.AddressType),
+		"slice name":    !same(a.Name, b.Name),
+		"first address": !same(ea.Address, eb.Address),
+	} {
+		if !shared {
+			t.Errorf("%s: interned wrongly", what)
+		}
 	}
 }
 

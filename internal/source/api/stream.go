@@ -77,13 +77,13 @@ func (e *entry) DeepCopyObject() runtime.Object {
 type itemDecoder func(data []byte) (any, error)
 
 // streamList lists and watches resource of rc's API group. A list decodes
-// a protobuf response item by item with item, and any other response (JSON,
-// or any response when item is nil) whole, then slims it with transform
+// a protobuf response item by item with a decoder from items (a new one per
+// list), and any other response (JSON, or any response when items is nil) whole, then slims it with transform
 // (none: the informer's transform slims the items).
 type streamList struct {
 	rc        rest.Interface
 	resource  string
-	item      itemDecoder
+	items     func() itemDecoder
 	transform cache.TransformFunc
 }
 
@@ -94,8 +94,8 @@ func (s *streamList) list(ctx context.Context, opts metav1.ListOptions) (runtime
 	}
 	defer body.Close()
 	r := bufio.NewReaderSize(body, 64<<10)
-	if head, err := r.Peek(len(protoMagic)); s.item != nil && err == nil && bytes.Equal(head, protoMagic) {
-		return decodeProtoList(r, s.item)
+	if head, err := r.Peek(len(protoMagic)); s.items != nil && err == nil && bytes.Equal(head, protoMagic) {
+		return decodeProtoList(r, s.items())
 	}
 	data, err := io.ReadAll(r)
 	if err != nil {
