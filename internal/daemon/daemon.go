@@ -45,8 +45,11 @@ var ownMemoryLimit = os.Getenv("GOMEMLIMIT") == ""
 // each): 100: 283 MiB, 3.3 s; 50: 232 MiB, 2.6 s. In this VM a freshly
 // touched 4 KiB page costs ~10-30 us (faults), so the extra heap of a
 // higher GOGC costs time as well as memory; a forced GC before the first
-// sync did not help either (3.4 s, same peak).
-const coldGCPercent = 50
+// sync did not help either (3.4 s, same peak). Session 8, with less live
+// heap (10k: ~87 MB at the sync's last collection), batches of three
+// cold-start-only runs: 50: peak 147 (145-149) MiB, 1.95 s; 40: 144
+// (142-144) MiB, 1.68 s.
+const coldGCPercent = 40
 
 var ownGCPercent = os.Getenv("GOGC") == "" && ownMemoryLimit
 

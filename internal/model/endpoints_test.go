@@ -54,7 +54,7 @@ func TestEndpointConditions(t *testing.T) {
 			in := makeInput(zoneNode("z"), []*objects.Service{newSvc("s")},
 				newSlice("s", "a", "IPv4", httpPort(80), ep("198.18.1.1", conds(tc.r, tc.s, tc.term), onNode("node1"),
 					func(e *objects.Endpoint) {
-						e.Zone, e.Hints = "z", &objects.Hints{Zones: []string{"z"}, Nodes: []string{"node1"}}
+						e.Hints = &objects.Hints{Zones: []string{"z"}, Nodes: []string{"node1"}}
 					})))
 			p, _ := onlyPort(t, in, IPv4)
 			e := p.Endpoints[0]

@@ -138,7 +138,7 @@ func (g *gen) slice(k objects.Key, svc *objects.Service) *objects.EndpointSlice 
 	for n := g.intn(8); n > 0; n-- {
 		e := objects.Endpoint{
 			Ready: g.cond(), Serving: g.cond(), Terminating: g.cond(),
-			NodeName: pick(g, genNodes...), Zone: pick(g, genZones...),
+			NodeName: pick(g, genNodes...),
 		}
 		if zoneHints || nodeHints {
 			e.Hints = &objects.Hints{}

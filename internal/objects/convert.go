@@ -118,9 +118,6 @@ func endpoint(ep *discoveryv1.Endpoint) Endpoint {
 	if ep.NodeName != nil {
 		out.NodeName = *ep.NodeName
 	}
-	if ep.Zone != nil {
-		out.Zone = *ep.Zone
-	}
 	if h := ep.Hints; h != nil && len(h.ForZones)+len(h.ForNodes) > 0 {
 		out.Hints = &Hints{}
 		for _, z := range h.ForZones {

@@ -115,13 +115,13 @@ type EndpointPort struct {
 }
 
 // Endpoint is one entry of an EndpointSlice's endpoints. It is kept small
-// (64 bytes): a 10k-Service cluster has 100k of them.
+// (48 bytes): a 10k-Service cluster has 100k of them. The endpoint's zone
+// is not kept: upstream's topology reads the hints, never the zone.
 type Endpoint struct {
 	// Address is the first of the endpoint's addresses, the only one
 	// used, as upstream does; HasAddress is false when it has none.
 	Address  string
 	NodeName string
-	Zone     string
 	// Hints are the topology hints; nil when the endpoint has none.
 	Hints *Hints
 	// Conditions as the slice states them (CondUnset when absent).

@@ -24,7 +24,7 @@ import (
 func decodeSliceWire(data []byte) (any, error) { return decodeSlice(data, nil) }
 
 // newSliceDecoder returns the decoder of one list's slices: decodeSliceWire
-// that keeps one copy of each node name, zone, hint, port name, protocol
+// that keeps one copy of each node name, hint, port name, protocol
 // and address type the list repeats. At 10k slices of 10 endpoints on two
 // nodes that is 200k fewer strings (~1 MB) kept; with real node names,
 // longer than the tiny allocator's 16 bytes, several times that.
@@ -243,8 +243,6 @@ func endpointWire(ep *objects.Endpoint, msg []byte, in *interner) error {
 			}
 		case 6: // nodeName
 			ep.NodeName, err = in.str(typ, v)
-		case 7: // zone
-			ep.Zone, err = in.str(typ, v)
 		case 8: // hints
 			if err = sub(typ); err == nil {
 				h := ep.Hints

@@ -94,7 +94,6 @@ func TestSliceDecoderInterns(t *testing.T) {
 	ea, eb := a.Endpoints[0], b.Endpoints[0]
 	for what, shared := range map[string]bool{
 		"node name":     same(ea.NodeName, eb.NodeName),
-		"zone":          same(ea.Zone, eb.Zone),
 		"zone hint":     same(ea.Hints.Zones[0], eb.Hints.Zones[0]),
 		"port name":     same(a.Ports[0].Name, b.Ports[0].Name),
 		"protocol":      same(a.Ports[0].Protocol, b.Ports[0].Protocol),
