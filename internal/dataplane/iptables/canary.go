@@ -2,10 +2,6 @@ package iptables
 
 import (
 	"context"
-	"errors"
-	"io/fs"
-	"os"
-	"slices"
 	"strings"
 
 	"github.com/google/nftables"
@@ -41,48 +37,4 @@ func netlinkCanaryOK(fam model.Family, table string) bool {
 	t := &nftables.Table{Name: table, Family: nftFamily(fam)}
 	rules, err := conn.GetRules(t, &nftables.Chain{Name: chainCanary, Table: t})
 	return err == nil && len(rules) > 0
-}
-
-// tableNames are the tables iptables knows.
-var tableNames = []string{tableFilter, tableNAT, tableMangle, "raw", "security"}
-
-// HasTables reports whether backend b holds any iptables table of family
-// fam in this network namespace, without running iptables: for nf_tables
-// over netlink (the ip or ip6 tables named as iptables' that iptables-nft
-// creates), for legacy from ip_tables_names (ip6_tables_names) in the
-// calling thread's /proc net directory, which lists the tables instantiated
-// in its namespace and is absent while the module is not loaded. When it cannot tell, it says true.
-//
-// Cleanups use it to skip a backend and family with nothing to clean: each
-// iptables-save they would run otherwise forks a process of the daemon's
-// size, six to eight of them right after a cold start.
-func HasTables(b Backend, fam model.Family) bool {
-	if b == BackendLegacy {
-		name := "/proc/thread-self/net/ip_tables_names"
-		if fam == model.IPv6 {
-			name = "/proc/thread-self/net/ip6_tables_names"
-		}
-		data, err := os.ReadFile(name)
-		if errors.Is(err, fs.ErrNotExist) {
-			return false
-		}
-		return err != nil || strings.TrimSpace(string(data)) != ""
-	}
-	conn, err := nftables.New()
-	if err != nil {
-		return true
-	}
-	tables, err := conn.ListTablesOfFamily(nftFamily(fam))
-	if err != nil {
-		return true
-	}
-	return slices.ContainsFunc(tables, func(t *nftables.Table) bool { return slices.Contains(tableNames, t.Name) })
-}
-
-// nftFamily is the nf_tables family of iptables-nft's tables of fam.
-func nftFamily(fam model.Family) nftables.TableFamily {
-	if fam == model.IPv6 {
-		return nftables.TableFamilyIPv6
-	}
-	return nftables.TableFamilyIPv4
 }

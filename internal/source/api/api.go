@@ -1,8 +1,8 @@
-// Package api is kproxy's Kubernetes API source: client-go shared informers
-// (over a client of only the API groups it reads) for Services, EndpointSlices, this node's Node and the ServiceCIDRs,
-// selecting as upstream
-// kube-proxy does, converting every object to its slim form before it is
-// cached, and reporting events to a source.Handler.
+// Package api is kproxy's Kubernetes API source: client-go shared informers,
+// over a client of only the API groups it reads, for Services,
+// EndpointSlices, this node's Node and the ServiceCIDRs, selecting as
+// upstream kube-proxy does, converting every object to its slim form before
+// it is cached, and reporting events to a source.Handler.
 package api
 
 import (

@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"fmt"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -165,19 +164,4 @@ func tweaked(list cache.ListWithContextFunc, watch cache.WatchFuncWithContext, t
 			return watch(ctx, o)
 		},
 	}
-}
-
-// request is a GET of s's resource with opts, bounded by opts' timeout as
-// client-go's typed clients bound theirs.
-func (s *streamList) request(opts *metav1.ListOptions) *rest.Request {
-	req := s.rc.Get().Resource(s.resource).VersionedParams(opts, paramCodec)
-	if opts.TimeoutSeconds != nil {
-		req = req.Timeout(time.Duration(*opts.TimeoutSeconds) * time.Second)
-	}
-	return req
-}
-
-func (s *streamList) watch(ctx context.Context, opts metav1.ListOptions) (apiwatch.Interface, error) {
-	opts.Watch = true
-	return s.request(&opts).Watch(ctx)
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	corev1 "k8s.io/api/core/v1"
@@ -16,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	apiwatch "k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
@@ -109,6 +111,21 @@ func (s *streamList) list(ctx context.Context, opts metav1.ListOptions) (runtime
 		return typed, nil
 	}
 	return slimList(typed, s.transform)
+}
+
+// request is a GET of s's resource with opts, bounded by opts' timeout as
+// client-go's typed clients bound theirs.
+func (s *streamList) request(opts *metav1.ListOptions) *rest.Request {
+	req := s.rc.Get().Resource(s.resource).VersionedParams(opts, paramCodec)
+	if opts.TimeoutSeconds != nil {
+		req = req.Timeout(time.Duration(*opts.TimeoutSeconds) * time.Second)
+	}
+	return req
+}
+
+func (s *streamList) watch(ctx context.Context, opts metav1.ListOptions) (apiwatch.Interface, error) {
+	opts.Watch = true
+	return s.request(&opts).Watch(ctx)
 }
 
 // slimList turns a decoded typed list into an entryList.
