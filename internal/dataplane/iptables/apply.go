@@ -2,12 +2,14 @@ package iptables
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/kproxy/kproxy/internal/model"
@@ -29,15 +31,88 @@ type famState struct {
 
 func key(table, chain string) string { return table + "/" + chain }
 
-// restore runs one iptables-restore --noflush for the family.
-func (p *Proxier) restore(ctx context.Context, fam model.Family, text string) error {
-	if text == "" {
+// restore applies the sections, in order, for the family: on the
+// nf_tables backend as one netlink transaction when they translate (see
+// netlink.go), otherwise (and when that fails) with one
+// iptables-restore --noflush.
+func (p *Proxier) restore(ctx context.Context, fam model.Family, ws ...*tableWrite) error {
+	if !slices.ContainsFunc(ws, func(w *tableWrite) bool { return !w.empty() }) {
 		return nil
 	}
+	if run, ok := p.netlinkRunner(); ok {
+		err := p.netlinkRestore(ctx, run, fam, ws)
+		if err == nil {
+			p.writes.netlink.Add(1)
+			return nil
+		}
+		logger := klog.FromContext(ctx)
+		switch {
+		case errors.Is(err, errNotNetlink):
+			logger.V(4).Info("Writing with iptables-restore", "family", fam, "reason", err)
+		case errors.Is(err, unix.ENOENT):
+			logger.V(2).Info("A table or chain is missing; iptables-restore creates it", "family", fam, "err", err)
+		default:
+			logger.Error(err, "The netlink write failed; writing with iptables-restore instead", "family", fam)
+		}
+	}
+	p.writes.restore.Add(1)
+	text := restoreText(ws...)
 	start := time.Now()
 	_, err := p.exec.Run(ctx, []byte(text), p.backend.cmd(fam, "-restore"), "--noflush", "--wait")
 	klog.FromContext(ctx).V(2).Info("iptables-restore", "family", fam, "bytes", len(text), "elapsed", time.Since(start), "err", err)
 	return err
+}
+
+// netlinkRunner tells whether writes go over netlink, and how to reach the
+// namespace the iptables programs work in.
+func (p *Proxier) netlinkRunner() (nsRunner, bool) {
+	if !p.netlink || p.backend != BackendNFT {
+		return nil, false
+	}
+	run, ok := p.exec.(nsRunner)
+	return run, ok
+}
+
+// netlinkRestore writes the sections as one nf_tables transaction. Jumps
+// from built-in chains go last through iptables-restore, which creates a
+// missing built-in chain the way iptables-nft expects it (they are only
+// missing on a node's first sync, or after someone removed them).
+func (p *Proxier) netlinkRestore(ctx context.Context, run nsRunner, fam model.Family, ws []*tableWrite) error {
+	start := time.Now()
+	var inserts []*tableWrite
+	body := make([]*tableWrite, 0, len(ws))
+	for _, w := range ws {
+		if w == nil {
+			continue
+		}
+		if len(w.inserts) > 0 {
+			inserts = append(inserts, &tableWrite{table: w.table, inserts: w.inserts})
+			c := *w
+			c.inserts = nil
+			w = &c
+		}
+		body = append(body, w)
+	}
+	b, err := encodeSections(fam, body)
+	if err != nil {
+		return err
+	}
+	size := b.Len()
+	if err := run.InNamespace(b.Send); err != nil {
+		return err
+	}
+	klog.FromContext(ctx).V(2).Info("netlink write", "family", fam, "bytes", size, "elapsed", time.Since(start))
+	if len(inserts) == 0 {
+		return nil
+	}
+	text := restoreText(inserts...)
+	_, err = p.exec.Run(ctx, []byte(text), p.backend.cmd(fam, "-restore"), "--noflush", "--wait")
+	if err != nil {
+		// The chains are written; only the jumps failed. Not a reason to
+		// write everything again with iptables-restore: report it.
+		return fmt.Errorf("adding jumps from built-in chains: %w", err)
+	}
+	return nil
 }
 
 // save reads one table of the family.
@@ -94,7 +169,7 @@ func (p *Proxier) fullSync(ctx context.Context, st *famState, snap *model.Snapsh
 	nat := &tableWrite{table: tableNAT, chains: append(fixed, rest...),
 		deletes: staleChains(tableNAT, savedNAT, natAll), inserts: missingJumps(savedNAT, jumps, tableNAT)}
 	mangle := &tableWrite{table: tableMangle, chains: []*Chain{canaryChain()}}
-	if err := p.restore(ctx, st.fam, restoreText(mangle, f1, nat, f3)); err != nil {
+	if err := p.restore(ctx, st.fam, mangle, f1, nat, f3); err != nil {
 		return err
 	}
 	st.valid, st.large, st.ports = true, r.large, ports
@@ -216,7 +291,7 @@ func (p *Proxier) partialSync(ctx context.Context, st *famState, snap *model.Sna
 		f1 = nil
 	}
 	nat.chains = append(fixed, rest...)
-	if err := p.restore(ctx, st.fam, restoreText(f1, nat, f3)); err != nil {
+	if err := p.restore(ctx, st.fam, f1, nat, f3); err != nil {
 		return err
 	}
 	st.ports, st.shared = ports, sharedState(filter, natShared)

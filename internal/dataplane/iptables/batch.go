@@ -82,6 +82,14 @@ func isBucket(name string) bool {
 // transactions. Legacy restores take the xtables lock, so they never batch.
 var aheadWorkers = 2
 
+// netlinkInputs is how many netlink transactions the chains written ahead
+// are cut into. Each is held whole in memory (~330 bytes per rule: 30 MB
+// per input at 10k Services × 10 endpoints) and, on a restart, each commit
+// re-validates the table that is already loaded (~0.4 s at that size), so
+// neither one input nor many; two are encoded while the kernel takes
+// another.
+const netlinkInputs = 4
+
 // writeAhead writes ports, then leaves, in batches when they are too many
 // for one input, and returns the chains left for the final input (all of
 // them when no batching is needed, none otherwise) and whether it batched.
@@ -100,39 +108,43 @@ func (p *Proxier) writeAhead(ctx context.Context, fam model.Family, ports, leave
 		}
 		return chains, false, nil
 	}
-	if err := p.restore(ctx, fam, restoreText(pre)); err != nil {
+	if err := p.restore(ctx, fam, pre); err != nil {
 		return nil, true, fmt.Errorf("filter rules before the Service chains: %w", err)
+	}
+	inputs := aheadWorkers
+	if _, ok := p.netlinkRunner(); ok {
+		inputs = netlinkInputs
 	}
 	// The leaves jump to the per-port chains: they go in a second round.
 	for _, round := range []portGroups{ports, leaves} {
-		if err := p.restoreAll(ctx, fam, batchTexts(round, markMasq, aheadWorkers)); err != nil {
+		if err := p.restoreAll(ctx, fam, batchInputs(round, markMasq, inputs)); err != nil {
 			return nil, true, fmt.Errorf("writing Service chains ahead: %w", err)
 		}
 	}
 	return nil, true, nil
 }
 
-// batchTexts cuts groups into sections that fit the bounds (a group larger
+// batchInputs cuts groups into sections that fit the bounds (a group larger
 // than the bounds gets a section of its own) and writes them, in order,
 // into at most inputs restore inputs of about equal length: each section
 // is one `*nat … COMMIT` transaction that starts with markMasq. One
 // iptables-restore process per input instead of one per section saves a
 // process start and a cache fetch per section.
-func batchTexts(groups portGroups, markMasq *Chain, inputs int) []string {
+func batchInputs(groups portGroups, markMasq *Chain, inputs int) [][]*tableWrite {
 	sections := cutSections(groups, markMasq)
 	if len(sections) == 0 {
 		return nil
 	}
 	inputs = max(1, min(inputs, len(sections)))
-	texts := make([]string, 0, inputs)
+	out := make([][]*tableWrite, 0, inputs)
 	for i := range inputs {
 		ws := make([]*tableWrite, 0, len(sections)/inputs+1)
 		for _, chains := range sections[i*len(sections)/inputs : (i+1)*len(sections)/inputs] {
 			ws = append(ws, &tableWrite{table: tableNAT, chains: chains})
 		}
-		texts = append(texts, restoreText(ws...))
+		out = append(out, ws)
 	}
-	return texts
+	return out
 }
 
 // cutSections groups the chains of groups into sections within the bounds,
@@ -167,22 +179,22 @@ func cutSections(groups portGroups, markMasq *Chain) [][]*Chain {
 
 // restoreAll runs the inputs, aheadWorkers at a time on nf_tables, and
 // returns the first error (the remaining inputs are skipped).
-func (p *Proxier) restoreAll(ctx context.Context, fam model.Family, texts []string) error {
+func (p *Proxier) restoreAll(ctx context.Context, fam model.Family, inputs [][]*tableWrite) error {
 	workers := 1
 	if p.backend == BackendNFT {
 		workers = aheadWorkers
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	next := make(chan string)
+	next := make(chan []*tableWrite)
 	errs := make(chan error, workers)
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for text := range next {
-				if err := p.restore(ctx, fam, text); err != nil {
+			for ws := range next {
+				if err := p.restore(ctx, fam, ws...); err != nil {
 					errs <- err
 					cancel()
 					return
@@ -190,9 +202,9 @@ func (p *Proxier) restoreAll(ctx context.Context, fam model.Family, texts []stri
 			}
 		}()
 	}
-	for _, text := range texts {
+	for _, ws := range inputs {
 		select {
-		case next <- text:
+		case next <- ws:
 		case <-ctx.Done():
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -149,11 +150,11 @@ func measureScale(t *testing.T, b Backend, n int) {
 	dptest.Categorize(probe)
 	l.Serve("198.18.64.10:8080", "x")
 	ctx := context.Background()
-	start := time.Now()
+	start, ru0 := time.Now(), childCPU()
 	if err := p.Sync(ctx, snap, dataplane.SyncRequest{Full: true}); err != nil {
 		t.Fatal(err)
 	}
-	cold := time.Since(start)
+	cold, coldCPU := time.Since(start), childCPU().sub(ru0)
 	rate := connRate(t, l, probe.ClusterIP.String()+":80", 2*time.Second)
 	sp := snap.V4.Ports[n/3]
 	orig := sp.Endpoints
@@ -185,6 +186,7 @@ func measureScale(t *testing.T, b Backend, n int) {
 		})
 	}
 	slices.Sort(lat)
+	t.Logf("cold start child CPU: %s", coldCPU)
 	t.Logf("backend=%s services=%d endpoints=%d cold=%v partial p50=%v p99=%v max=%v drift-check exec=%v netlink=%v new-conn/s=%.0f",
 		b, n, n*10, cold.Round(time.Millisecond), lat[len(lat)/2].Round(time.Millisecond),
 		lat[len(lat)*99/100].Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond),
@@ -216,4 +218,19 @@ func connRate(t testing.TB, l *dptest.Lab, addr string, d time.Duration) float64
 		}
 	})
 	return float64(count) / d.Seconds()
+}
+
+// cpuTimes is the user and system CPU of a process's waited-for children.
+type cpuTimes struct{ user, sys time.Duration }
+
+func childCPU() cpuTimes {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru)
+	return cpuTimes{time.Duration(ru.Utime.Nano()), time.Duration(ru.Stime.Nano())}
+}
+
+func (c cpuTimes) sub(o cpuTimes) cpuTimes { return cpuTimes{c.user - o.user, c.sys - o.sys} }
+
+func (c cpuTimes) String() string {
+	return fmt.Sprintf("user %v sys %v", c.user.Round(time.Millisecond), c.sys.Round(time.Millisecond))
 }

@@ -3,12 +3,16 @@ package iptables
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+
+	"github.com/vishvananda/netns"
 )
 
 // Exec runs a program. It is the only way this package reaches the kernel
@@ -36,6 +40,17 @@ func (OSExec) Run(ctx context.Context, stdin []byte, name string, args ...string
 	return out.Bytes(), nil
 }
 
+// InNamespace runs fn in this host's network namespace (netlink sockets
+// opened by fn reach it).
+func (OSExec) InNamespace(fn func() error) error { return fn() }
+
+// nsRunner is an Exec that can also run Go code where its programs run, so
+// that netlink sockets reach the same kernel tables. Fakes do not have it:
+// then every write goes through iptables-restore.
+type nsRunner interface {
+	InNamespace(fn func() error) error
+}
+
 // NetnsExec runs programs inside a named network namespace through
 // `ip netns exec` (tests and tools use it to program a namespace).
 type NetnsExec struct {
@@ -50,6 +65,40 @@ func (n NetnsExec) Run(ctx context.Context, stdin []byte, name string, args ...s
 		e = OSExec{}
 	}
 	return e.Run(ctx, stdin, "ip", append([]string{"netns", "exec", n.Namespace, name}, args...)...)
+}
+
+// InNamespace runs fn on a locked thread inside the namespace.
+func (n NetnsExec) InNamespace(fn func() error) error {
+	if n.Exec != nil {
+		if _, ok := n.Exec.(OSExec); !ok {
+			return fmt.Errorf("%w: exec through %T", errNotNetlink, n.Exec)
+		}
+	}
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return err
+	}
+	defer orig.Close()
+	target, err := netns.GetFromName(n.Namespace)
+	if err != nil {
+		runtime.UnlockOSThread()
+		return err
+	}
+	defer target.Close()
+	if err := netns.Set(target); err != nil {
+		runtime.UnlockOSThread()
+		return err
+	}
+	fnErr := fn()
+	if err := netns.Set(orig); err != nil {
+		// The thread stays locked and dies with its goroutine: it is in
+		// the wrong namespace.
+		return errors.Join(fnErr, err)
+	}
+	runtime.UnlockOSThread()
+	return fnErr
 }
 
 // Sysctl reads and writes kernel parameters ("net/ipv4/conf/all/route_localnet").

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 
 	"k8s.io/klog/v2"
 
@@ -24,6 +25,10 @@ type Proxier struct {
 	sysctl    Sysctl
 	localhost bool
 	backend   Backend // "" until detected
+	netlink   bool    // write over netlink on nf_tables (default true)
+	// writes counts the transactions written over netlink and with
+	// iptables-restore (tests read it).
+	writes struct{ netlink, restore atomic.Int64 }
 
 	mu      sync.Mutex
 	liberal bool
@@ -52,6 +57,10 @@ func WithBackend(b Backend) Option { return func(p *Proxier) { p.backend = b } }
 // upstream): NodePorts answer on 127.0.0.1 (IPv4) with route_localnet=1.
 func WithLocalhostNodePorts(on bool) Option { return func(p *Proxier) { p.localhost = on } }
 
+// WithNetlink sets whether writes on the nf_tables backend go straight
+// over netlink (default true) or always through iptables-restore.
+func WithNetlink(on bool) Option { return func(p *Proxier) { p.netlink = on } }
+
 // New returns an iptables dataplane for cfg. It has no side effects: the
 // kernel is first touched by Sync, Drifted or Cleanup.
 func New(cfg dataplane.Config, opts ...Option) (*Proxier, error) {
@@ -61,7 +70,7 @@ func New(cfg dataplane.Config, opts ...Option) (*Proxier, error) {
 	if len(cfg.Families) == 0 {
 		cfg.Families = []model.Family{model.IPv4}
 	}
-	p := &Proxier{cfg: cfg, exec: OSExec{}, sysctl: ProcSysctl{}, localhost: !cfg.NoLocalhostNodePorts, fams: map[model.Family]*famState{}}
+	p := &Proxier{cfg: cfg, exec: OSExec{}, sysctl: ProcSysctl{}, localhost: !cfg.NoLocalhostNodePorts, netlink: true, fams: map[model.Family]*famState{}}
 	for _, o := range opts {
 		o(p)
 	}
@@ -185,6 +194,11 @@ func tool(f model.Family) string {
 
 // RestoreText is the iptables-restore --noflush input creating rs.
 func RestoreText(rs *Ruleset) string {
+	return restoreText(rulesetWrites(rs)...)
+}
+
+// rulesetWrites is a whole ruleset as restore sections.
+func rulesetWrites(rs *Ruleset) []*tableWrite {
 	ws := []*tableWrite{{table: tableMangle, chains: rs.Mangle}, {table: tableFilter, chains: rs.Filter}, {table: tableNAT, chains: rs.NAT}}
 	for _, j := range rs.Jumps {
 		for _, w := range ws {
@@ -193,5 +207,5 @@ func RestoreText(rs *Ruleset) string {
 			}
 		}
 	}
-	return restoreText(ws...)
+	return ws
 }

@@ -25,17 +25,17 @@ func TestBatchTextsSections(t *testing.T) {
 		{2, []string{"A1 A2 B1", "C1 C2 C3 C4 C5|D1"}},
 		{9, []string{"A1 A2 B1", "C1 C2 C3 C4 C5", "D1"}},
 	} {
-		texts := batchTexts(groups, mm, tc.inputs)
+		texts := batchInputs(groups, mm, tc.inputs)
 		var got []string
-		for _, text := range texts {
-			got = append(got, sectionChains(t, text))
+		for _, ws := range texts {
+			got = append(got, sectionChains(t, restoreText(ws...)))
 		}
 		if strings.Join(got, "/") != strings.Join(tc.want, "/") {
 			t.Errorf("inputs=%d: got %q, want %q", tc.inputs, got, tc.want)
 		}
 	}
-	if got := batchTexts(nil, mm, 2); len(got) != 0 {
-		t.Errorf("no groups gave %q", got)
+	if got := batchInputs(nil, mm, 2); len(got) != 0 {
+		t.Errorf("no groups gave %d inputs", len(got))
 	}
 }
 

@@ -6,9 +6,10 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kproxy/kproxy/internal/nfnl"
 )
 
 // nlBatch writes one nfnetlink transaction (batch begin, messages, batch
@@ -307,75 +308,10 @@ func openNFNetlink(size int) (int, error) {
 	return fd, nil
 }
 
-// nlError is the kernel's rejection of one message of a batch.
-type nlError struct {
-	Errno syscall.Errno
-	What  string // the message, as nlBatch described it
-	Msg   string // the kernel's extended ack message, if any
-}
-
-func (e *nlError) Error() string {
-	s := fmt.Sprintf("%s: %v", e.What, e.Errno)
-	if e.Msg != "" {
-		s += " (" + e.Msg + ")"
-	}
-	return s
-}
-
-func (e *nlError) Unwrap() error { return e.Errno }
-
 // waitAck reads replies until the acknowledgement of ackSeq; any error
 // reply before it means the kernel rejected (and rolled back) the batch.
 func (b *nlBatch) waitAck(fd int, ackSeq uint32) error {
-	rb := make([]byte, 32<<10)
-	var errs []error
-	for range 1 << 20 {
-		n, _, err := unix.Recvfrom(fd, rb, 0)
-		if err != nil {
-			return errors.Join(append(errs, fmt.Errorf("reading netlink replies: %w", err))...)
-		}
-		for msgs := rb[:n]; len(msgs) >= nlmsgHdrLen; {
-			l := int(binary.NativeEndian.Uint32(msgs))
-			if l < nlmsgHdrLen || l > len(msgs) {
-				break
-			}
-			m := msgs[:l]
-			msgs = msgs[min((l+3)&^3, len(msgs)):]
-			if binary.NativeEndian.Uint16(m[4:]) != unix.NLMSG_ERROR || len(m) < nlmsgHdrLen+4 {
-				continue
-			}
-			seq := binary.NativeEndian.Uint32(m[8:])
-			if errno := -int32(binary.NativeEndian.Uint32(m[nlmsgHdrLen:])); errno != 0 {
-				errs = append(errs, &nlError{Errno: syscall.Errno(errno), What: b.describe(seq), Msg: extAckMsg(m)})
-			}
-			if seq == ackSeq {
-				return errors.Join(errs...)
-			}
-		}
-	}
-	return errors.New("no acknowledgement of the netlink batch")
-}
-
-// extAckMsg returns NLMSGERR_ATTR_MSG of an error reply sent with
-// NETLINK_CAP_ACK (no copy of the request), or "".
-func extAckMsg(m []byte) string {
-	off := nlmsgHdrLen + 4 + nlmsgHdrLen
-	for off+4 <= len(m) {
-		l := int(binary.NativeEndian.Uint16(m[off:]))
-		typ := binary.NativeEndian.Uint16(m[off+2:])
-		if l < 4 || off+l > len(m) {
-			break
-		}
-		if typ == unix.NLMSGERR_ATTR_MSG {
-			s := m[off+4 : off+l]
-			for len(s) > 0 && s[len(s)-1] == 0 {
-				s = s[:len(s)-1]
-			}
-			return string(s)
-		}
-		off += (l + 3) &^ 3
-	}
-	return ""
+	return nfnl.ReadAck(fd, ackSeq, b.describe)
 }
 
 // rulesetGeneration returns the kernel's nftables generation number, which

@@ -1,0 +1,773 @@
+package iptables
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/nfnl"
+)
+
+// On the nf_tables backend kproxy writes its restore sections straight to
+// the kernel as one nf_tables transaction, in the form iptables-nft (1.8)
+// gives the same rules: native expressions for interfaces, protocol,
+// addresses, ports and marks, xtables "match"/"target" expressions for the
+// rest, a counter before the verdict, and the rule's compat protocol. So
+// `iptables-save`, `iptables -L -v` and iptables-nft-restore (upstream's,
+// after a migration back) read them as if iptables had written them.
+//
+// Why: iptables-nft-restore spends ~20 us of CPU per rule parsing and
+// building what the kernel then takes in ~13 us; at 10k Services × 10
+// endpoints (330k rules) that was 7 s of user CPU of a 14 s cold start, and
+// every partial sync paid a process start and a cache fetch on top of the
+// kernel's own table validation.
+//
+// Only the rule syntax render produces is translated; anything else, and
+// deletions of single rules (which need handles), is errNotNetlink and the
+// caller runs iptables-restore instead.
+
+var errNotNetlink = errors.New("not expressible as a netlink batch")
+
+// encodeSections writes the sections (in restore order) into one batch.
+func encodeSections(fam model.Family, ws []*tableWrite) (*nfnl.Batch, error) {
+	size := 256
+	for _, w := range ws {
+		if w != nil {
+			size += sizeOf([]*tableWrite{w}) * 3
+		}
+	}
+	nf := byte(unix.NFPROTO_IPV4)
+	if fam == model.IPv6 {
+		nf = unix.NFPROTO_IPV6
+	}
+	b := nfnl.NewBatch(nf, size)
+	tables := map[string]bool{}
+	for _, w := range ws {
+		if w.empty() {
+			continue
+		}
+		if !tables[w.table] {
+			// Create the table if it is missing, as iptables-nft does
+			// (no flags: an existing table is left as it is).
+			tables[w.table] = true
+			m := b.Msg(unix.NFT_MSG_NEWTABLE, unix.NLM_F_CREATE, "add table "+w.table)
+			b.AttrStr(unix.NFTA_TABLE_NAME, w.table)
+			b.Finish(m)
+		}
+		if len(w.delRules) > 0 {
+			return nil, fmt.Errorf("%w: rule deletions", errNotNetlink)
+		}
+		for _, c := range w.chains {
+			declareChain(b, w.table, c.Name)
+		}
+		for _, name := range w.deletes {
+			declareChain(b, w.table, name)
+		}
+		for _, c := range w.chains {
+			for _, r := range c.Rules {
+				if err := addRule(b, fam, w.table, c.Name, r, true); err != nil {
+					return nil, err
+				}
+			}
+		}
+		for i := len(w.inserts) - 1; i >= 0; i-- {
+			j := w.inserts[i]
+			if err := addRule(b, fam, w.table, j.Chain, j.Rule, false); err != nil {
+				return nil, err
+			}
+		}
+		for _, name := range w.deletes {
+			m := b.Msg(unix.NFT_MSG_DELCHAIN, 0, "delete chain "+w.table+"/"+name)
+			b.AttrStr(unix.NFTA_CHAIN_TABLE, w.table)
+			b.AttrStr(unix.NFTA_CHAIN_NAME, name)
+			b.Finish(m)
+		}
+	}
+	return b, nil
+}
+
+// declareChain is iptables-restore's ":NAME - [0:0]": create the chain if
+// it is missing, and empty it.
+func declareChain(b *nfnl.Batch, table, name string) {
+	m := b.Msg(unix.NFT_MSG_NEWCHAIN, unix.NLM_F_CREATE, "add chain "+table+"/"+name)
+	b.AttrStr(unix.NFTA_CHAIN_TABLE, table)
+	b.AttrStr(unix.NFTA_CHAIN_NAME, name)
+	b.Finish(m)
+	m = b.Msg(unix.NFT_MSG_DELRULE, 0, "flush chain "+table+"/"+name)
+	b.AttrStr(unix.NFTA_RULE_TABLE, table)
+	b.AttrStr(unix.NFTA_RULE_CHAIN, name)
+	b.Finish(m)
+}
+
+// xtRule is one rule's arguments, sorted the way iptables-nft orders the
+// expressions: interfaces, protocol, source, destination, then matches in
+// their order, a counter, the target.
+type xtRule struct {
+	v6               bool
+	iif, oif         string
+	iifInv, oifInv   bool
+	proto            byte
+	protoInv         bool
+	src, dst         []byte // address, masked
+	srcMask, dstMask []byte
+	srcInv, dstInv   bool
+	matches          []*xtModule
+	target           *xtModule
+	verdict          int32
+	chain            string // jump or goto target
+}
+
+// xtModule is one -m module or -j target with its options.
+type xtModule struct {
+	name string
+	opts []xtOpt
+}
+
+type xtOpt struct {
+	name  string
+	value string
+	inv   bool
+}
+
+func (m *xtModule) opt(name string) (xtOpt, bool) {
+	for _, o := range m.opts {
+		if o.name == name {
+			return o, true
+		}
+	}
+	return xtOpt{}, false
+}
+
+// takesValue lists the options render writes that have an argument.
+var takesValue = map[string]bool{
+	"--comment": true, "--dport": true, "--ctstate": true, "--dst-type": true, "--src-type": true,
+	"--mark": true, "--mode": true, "--probability": true, "--name": true, "--seconds": true,
+	"--to-destination": true, "--or-mark": true, "--xor-mark": true, "--set-xmark": true,
+	"--reject-with": true, "--mask": true,
+}
+
+// parseRule reads the rule text after "-A <chain> ".
+func parseRule(fam model.Family, rule string) (*xtRule, error) {
+	r := &xtRule{v6: fam == model.IPv6, verdict: math.MinInt32}
+	toks := splitArgs(rule)
+	var cur *xtModule
+	inv := false
+	for i := 0; i < len(toks); i++ {
+		t := toks[i]
+		if t == "!" {
+			inv = true
+			continue
+		}
+		arg := func() (string, error) {
+			if i+1 >= len(toks) {
+				return "", fmt.Errorf("%w: %s without a value in %q", errNotNetlink, t, rule)
+			}
+			i++
+			return toks[i], nil
+		}
+		var err error
+		var v string
+		switch t {
+		case "-m":
+			if v, err = arg(); err == nil {
+				cur = &xtModule{name: v}
+				r.matches = append(r.matches, cur)
+			}
+		case "-j", "-g":
+			if v, err = arg(); err == nil {
+				err = r.setTarget(t == "-g", v)
+				cur = r.target
+			}
+		case "-p":
+			if v, err = arg(); err == nil {
+				r.protoInv = inv
+				r.proto, err = protoNumber(v)
+			}
+		case "-s", "-d":
+			if v, err = arg(); err == nil {
+				var a, m []byte
+				if a, m, err = parseAddr(fam, v); err == nil {
+					if t == "-s" {
+						r.src, r.srcMask, r.srcInv = a, m, inv
+					} else {
+						r.dst, r.dstMask, r.dstInv = a, m, inv
+					}
+				}
+			}
+		case "-i", "-o":
+			if v, err = arg(); err == nil {
+				if t == "-i" {
+					r.iif, r.iifInv = v, inv
+				} else {
+					r.oif, r.oifInv = v, inv
+				}
+			}
+		default:
+			if !strings.HasPrefix(t, "--") || cur == nil {
+				return nil, fmt.Errorf("%w: %q in %q", errNotNetlink, t, rule)
+			}
+			o := xtOpt{name: t, inv: inv}
+			if takesValue[t] {
+				o.value, err = arg()
+			}
+			cur.opts = append(cur.opts, o)
+		}
+		if err != nil {
+			return nil, err
+		}
+		inv = false
+	}
+	return r, nil
+}
+
+func (r *xtRule) setTarget(isGoto bool, name string) error {
+	switch name {
+	case "ACCEPT":
+		r.verdict = 1 // NF_ACCEPT
+	case "DROP":
+		r.verdict = 0 // NF_DROP
+	case "RETURN":
+		r.verdict = unix.NFT_RETURN
+	case "DNAT", "MARK", "MASQUERADE", "REJECT":
+		r.target = &xtModule{name: name}
+	default:
+		if strings.ToUpper(name) != name {
+			return fmt.Errorf("%w: target %s", errNotNetlink, name)
+		}
+		r.chain, r.verdict = name, unix.NFT_JUMP
+		if isGoto {
+			r.verdict = unix.NFT_GOTO
+		}
+	}
+	if isGoto && r.chain == "" {
+		return fmt.Errorf("%w: goto %s", errNotNetlink, name)
+	}
+	return nil
+}
+
+func protoNumber(p string) (byte, error) {
+	switch p {
+	case "tcp":
+		return unix.IPPROTO_TCP, nil
+	case "udp":
+		return unix.IPPROTO_UDP, nil
+	case "sctp":
+		return unix.IPPROTO_SCTP, nil
+	}
+	return 0, fmt.Errorf("%w: protocol %s", errNotNetlink, p)
+}
+
+// parseAddr reads "a", "a/len" or "a/mask" and returns the masked address
+// and the mask.
+func parseAddr(fam model.Family, s string) (addr, mask []byte, err error) {
+	a, m, hasMask := strings.Cut(s, "/")
+	ip, err := netip.ParseAddr(a)
+	if err != nil || ip.Is6() != (fam == model.IPv6) {
+		return nil, nil, fmt.Errorf("%w: address %q", errNotNetlink, s)
+	}
+	addr = ip.AsSlice()
+	mask = make([]byte, len(addr))
+	bits := len(addr) * 8
+	if hasMask {
+		if mip, err := netip.ParseAddr(m); err == nil && mip.BitLen() == bits {
+			copy(mask, mip.AsSlice())
+			bits = -1
+		} else if n, err := strconv.Atoi(m); err == nil && n >= 0 && n <= bits {
+			bits = n
+		} else {
+			return nil, nil, fmt.Errorf("%w: address %q", errNotNetlink, s)
+		}
+	}
+	for i := 0; i < bits; i++ {
+		mask[i/8] |= 0x80 >> (i % 8)
+	}
+	for i := range addr {
+		addr[i] &= mask[i]
+	}
+	return addr, mask, nil
+}
+
+// addRule appends (or, with appendRule false, inserts at the top) one rule.
+func addRule(b *nfnl.Batch, fam model.Family, table, chain, text string, appendRule bool) error {
+	r, err := parseRule(fam, text)
+	if err != nil {
+		return err
+	}
+	flags := uint16(unix.NLM_F_CREATE)
+	if appendRule {
+		flags |= unix.NLM_F_APPEND
+	}
+	m := b.Msg(unix.NFT_MSG_NEWRULE, flags, "add rule to "+table+"/"+chain)
+	b.AttrStr(unix.NFTA_RULE_TABLE, table)
+	b.AttrStr(unix.NFTA_RULE_CHAIN, chain)
+	l := b.Nest(unix.NFTA_RULE_EXPRESSIONS)
+	if err := r.encode(b); err != nil {
+		return fmt.Errorf("rule %q: %w", text, err)
+	}
+	b.End(l)
+	c := b.Nest(unix.NFTA_RULE_COMPAT)
+	b.AttrBE32(unix.NFTA_RULE_COMPAT_PROTO, uint32(r.proto))
+	var cf uint32
+	if r.protoInv {
+		cf = unix.NFT_RULE_COMPAT_F_INV
+	}
+	b.AttrBE32(unix.NFTA_RULE_COMPAT_FLAGS, cf)
+	b.End(c)
+	b.Finish(m)
+	return nil
+}
+
+func (r *xtRule) encode(b *nfnl.Batch) error {
+	if r.iif != "" {
+		ifname(b, unix.NFT_META_IIFNAME, r.iif, r.iifInv)
+	}
+	if r.oif != "" {
+		ifname(b, unix.NFT_META_OIFNAME, r.oif, r.oifInv)
+	}
+	if r.proto != 0 {
+		meta(b, unix.NFT_META_L4PROTO)
+		cmp(b, r.protoInv, []byte{r.proto})
+	}
+	srcOff, dstOff := uint32(12), uint32(16)
+	if r.v6 {
+		srcOff, dstOff = 8, 24
+	}
+	if r.src != nil {
+		nlAddr(b, srcOff, r.src, r.srcMask, r.srcInv)
+	}
+	if r.dst != nil {
+		nlAddr(b, dstOff, r.dst, r.dstMask, r.dstInv)
+	}
+	for _, m := range r.matches {
+		if err := r.encodeMatch(b, m); err != nil {
+			return err
+		}
+	}
+	counter(b)
+	if r.target != nil {
+		return r.encodeTarget(b, r.target)
+	}
+	if r.verdict != math.MinInt32 {
+		e := expr(b, "immediate")
+		b.AttrBE32(unix.NFTA_IMMEDIATE_DREG, unix.NFT_REG_VERDICT)
+		d := b.Nest(unix.NFTA_IMMEDIATE_DATA)
+		v := b.Nest(unix.NFTA_DATA_VERDICT)
+		b.AttrBE32(unix.NFTA_VERDICT_CODE, uint32(r.verdict))
+		if r.chain != "" {
+			b.AttrStr(unix.NFTA_VERDICT_CHAIN, r.chain)
+		}
+		b.End(v)
+		b.End(d)
+		endExpr(b, e)
+	}
+	return nil
+}
+
+// expr opens one expression of the rule's list; endExpr closes it.
+func expr(b *nfnl.Batch, name string) [2]int {
+	el := b.Nest(unix.NFTA_LIST_ELEM)
+	b.AttrStr(unix.NFTA_EXPR_NAME, name)
+	return [2]int{el, b.Nest(unix.NFTA_EXPR_DATA)}
+}
+
+func endExpr(b *nfnl.Batch, e [2]int) {
+	b.End(e[1])
+	b.End(e[0])
+}
+
+func meta(b *nfnl.Batch, key uint32) {
+	e := expr(b, "meta")
+	b.AttrBE32(unix.NFTA_META_KEY, key)
+	b.AttrBE32(unix.NFTA_META_DREG, unix.NFT_REG_1)
+	endExpr(b, e)
+}
+
+func payload(b *nfnl.Batch, base, off, n uint32) {
+	e := expr(b, "payload")
+	b.AttrBE32(unix.NFTA_PAYLOAD_DREG, unix.NFT_REG_1)
+	b.AttrBE32(unix.NFTA_PAYLOAD_BASE, base)
+	b.AttrBE32(unix.NFTA_PAYLOAD_OFFSET, off)
+	b.AttrBE32(unix.NFTA_PAYLOAD_LEN, n)
+	endExpr(b, e)
+}
+
+func cmp(b *nfnl.Batch, inv bool, data []byte) {
+	e := expr(b, "cmp")
+	b.AttrBE32(unix.NFTA_CMP_SREG, unix.NFT_REG_1)
+	op := uint32(unix.NFT_CMP_EQ)
+	if inv {
+		op = unix.NFT_CMP_NEQ
+	}
+	b.AttrBE32(unix.NFTA_CMP_OP, op)
+	b.Value(unix.NFTA_CMP_DATA, data)
+	endExpr(b, e)
+}
+
+func bitwise(b *nfnl.Batch, mask []byte) {
+	e := expr(b, "bitwise")
+	b.AttrBE32(unix.NFTA_BITWISE_SREG, unix.NFT_REG_1)
+	b.AttrBE32(unix.NFTA_BITWISE_DREG, unix.NFT_REG_1)
+	b.AttrBE32(unix.NFTA_BITWISE_LEN, uint32(len(mask)))
+	b.Value(unix.NFTA_BITWISE_MASK, mask)
+	b.Value(unix.NFTA_BITWISE_XOR, make([]byte, len(mask)))
+	endExpr(b, e)
+}
+
+// counter starts at zero: iptables-nft sends zero packets and bytes, the
+// kernel's default.
+func counter(b *nfnl.Batch) {
+	endExpr(b, expr(b, "counter"))
+}
+
+// ifname matches an interface name; "name+" matches the prefix.
+func ifname(b *nfnl.Batch, key uint32, name string, inv bool) {
+	meta(b, key)
+	if p, ok := strings.CutSuffix(name, "+"); ok {
+		if p != "" {
+			cmp(b, inv, []byte(p))
+		}
+		return
+	}
+	cmp(b, inv, append([]byte(name), 0))
+}
+
+// nlAddr loads only the whole-0xff prefix bytes of the mask when the
+// rest is zero, and masks with bitwise otherwise (as iptables-nft does).
+func nlAddr(b *nfnl.Batch, off uint32, addr, mask []byte, inv bool) {
+	full := 0
+	for full < len(mask) && mask[full] == 0xff {
+		full++
+	}
+	rest := false
+	for _, m := range mask[full:] {
+		rest = rest || m != 0
+	}
+	if rest {
+		payload(b, unix.NFT_PAYLOAD_NETWORK_HEADER, off, uint32(len(addr)))
+		bitwise(b, mask)
+		cmp(b, inv, addr)
+		return
+	}
+	payload(b, unix.NFT_PAYLOAD_NETWORK_HEADER, off, uint32(full))
+	cmp(b, inv, addr[:full])
+}
+
+// xt appends an xtables match or target expression whose info is size
+// bytes filled by fill.
+func xt(b *nfnl.Batch, target bool, name string, rev uint32, size int, fill func(p []byte)) {
+	kind, nameA, revA, infoA := "match", uint16(unix.NFTA_MATCH_NAME), uint16(unix.NFTA_MATCH_REV), uint16(unix.NFTA_MATCH_INFO)
+	if target {
+		kind, nameA, revA, infoA = "target", unix.NFTA_TARGET_NAME, unix.NFTA_TARGET_REV, unix.NFTA_TARGET_INFO
+	}
+	e := expr(b, kind)
+	b.AttrStr(nameA, name)
+	b.AttrBE32(revA, rev)
+	b.AttrZero(infoA, size, fill)
+	endExpr(b, e)
+}
+
+var ne = binary.NativeEndian
+
+func (r *xtRule) encodeMatch(b *nfnl.Batch, m *xtModule) error {
+	bad := func(what string) error { return fmt.Errorf("%w: -m %s %s", errNotNetlink, m.name, what) }
+	switch m.name {
+	case "comment":
+		o, ok := m.opt("--comment")
+		if !ok || len(m.opts) != 1 || len(o.value) > 255 {
+			return bad("options")
+		}
+		xt(b, false, "comment", 0, 256, func(p []byte) { copy(p, o.value) })
+	case "tcp", "udp":
+		if len(m.opts) == 0 {
+			xt(b, false, m.name, 0, 16, func(p []byte) {
+				ne.PutUint16(p[2:], 0xffff) // source ports 0-65535
+				ne.PutUint16(p[6:], 0xffff) // destination ports 0-65535
+			})
+			return nil
+		}
+		o, ok := m.opt("--dport")
+		if !ok || len(m.opts) != 1 {
+			return bad("options")
+		}
+		lo, hi, err := portRange(o.value)
+		if err != nil {
+			return bad(o.value)
+		}
+		payload(b, unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2)
+		if lo == hi {
+			cmp(b, o.inv, binary.BigEndian.AppendUint16(nil, lo))
+			return nil
+		}
+		e := expr(b, "range")
+		b.AttrBE32(unix.NFTA_RANGE_SREG, unix.NFT_REG_1)
+		op := uint32(unix.NFT_RANGE_EQ)
+		if o.inv {
+			op = unix.NFT_RANGE_NEQ
+		}
+		b.AttrBE32(unix.NFTA_RANGE_OP, op)
+		b.Value(unix.NFTA_RANGE_FROM_DATA, binary.BigEndian.AppendUint16(nil, lo))
+		b.Value(unix.NFTA_RANGE_TO_DATA, binary.BigEndian.AppendUint16(nil, hi))
+		endExpr(b, e)
+	case "mark":
+		o, ok := m.opt("--mark")
+		if !ok || len(m.opts) != 1 {
+			return bad("options")
+		}
+		val, mask, err := markMask(o.value)
+		if err != nil {
+			return bad(o.value)
+		}
+		meta(b, unix.NFT_META_MARK)
+		if mask != math.MaxUint32 {
+			bitwise(b, ne.AppendUint32(nil, mask))
+		}
+		cmp(b, o.inv, ne.AppendUint32(nil, val))
+	case "conntrack":
+		o, ok := m.opt("--ctstate")
+		if !ok || len(m.opts) != 1 {
+			return bad("options")
+		}
+		var states uint16
+		for _, s := range strings.Split(o.value, ",") {
+			bit, ok := ctStates[s]
+			if !ok {
+				return bad(s)
+			}
+			states |= bit
+		}
+		xt(b, false, "conntrack", 3, 168, func(p []byte) {
+			const flagState = 1 // XT_CONNTRACK_STATE
+			ne.PutUint16(p[146:], flagState)
+			if o.inv {
+				ne.PutUint16(p[148:], flagState)
+			}
+			ne.PutUint16(p[150:], states)
+		})
+	case "addrtype":
+		var src, dst uint16
+		var flags uint32
+		for _, o := range m.opts {
+			t, ok := addrTypes[o.value]
+			if !ok {
+				return bad(o.value)
+			}
+			switch o.name {
+			case "--src-type":
+				src = t
+				if o.inv {
+					flags |= 1 // XT_ADDRTYPE_INVERT_SOURCE
+				}
+			case "--dst-type":
+				dst = t
+				if o.inv {
+					flags |= 2 // XT_ADDRTYPE_INVERT_DEST
+				}
+			default:
+				return bad(o.name)
+			}
+		}
+		xt(b, false, "addrtype", 1, 8, func(p []byte) {
+			ne.PutUint16(p[0:], src)
+			ne.PutUint16(p[2:], dst)
+			ne.PutUint32(p[4:], flags)
+		})
+	case "statistic":
+		mode, _ := m.opt("--mode")
+		o, ok := m.opt("--probability")
+		if mode.value != "random" || !ok || len(m.opts) != 2 || o.inv {
+			return bad("options")
+		}
+		prob, err := strconv.ParseFloat(o.value, 64)
+		if err != nil || prob < 0 || prob > 1 {
+			return bad(o.value)
+		}
+		xt(b, false, "statistic", 0, 24, func(p []byte) {
+			ne.PutUint32(p[4:], uint32(math.Round(0x80000000*prob)))
+		})
+	case "recent":
+		return r.recent(b, m)
+	default:
+		return bad("")
+	}
+	return nil
+}
+
+// recent is xt_recent_mtinfo_v1: seconds, hit_count, check_set, invert,
+// name[200], side, then the mask at offset 212.
+func (r *xtRule) recent(b *nfnl.Batch, m *xtModule) error {
+	var seconds uint32
+	var check byte
+	name := "DEFAULT"
+	for _, o := range m.opts {
+		switch o.name {
+		case "--name":
+			name = o.value
+		case "--set":
+			check |= 2
+		case "--rcheck":
+			check |= 1
+		case "--reap":
+			check |= 32
+		case "--rsource":
+		case "--seconds":
+			s, err := strconv.ParseUint(o.value, 10, 32)
+			if err != nil {
+				return fmt.Errorf("%w: --seconds %s", errNotNetlink, o.value)
+			}
+			seconds = uint32(s)
+		case "--mask":
+			if o.value != "255.255.255.255" && o.value != "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff" {
+				return fmt.Errorf("%w: --mask %s", errNotNetlink, o.value)
+			}
+		default:
+			return fmt.Errorf("%w: -m recent %s", errNotNetlink, o.name)
+		}
+		if o.inv || len(name) >= 200 {
+			return fmt.Errorf("%w: -m recent %s", errNotNetlink, o.name)
+		}
+	}
+	maskLen := 4
+	if r.v6 {
+		maskLen = 16
+	}
+	xt(b, false, "recent", 1, 232, func(p []byte) {
+		ne.PutUint32(p[0:], seconds)
+		p[8] = check
+		copy(p[10:210], name)
+		for i := range maskLen {
+			p[212+i] = 0xff
+		}
+	})
+	return nil
+}
+
+func (r *xtRule) encodeTarget(b *nfnl.Batch, t *xtModule) error {
+	bad := func(what string) error { return fmt.Errorf("%w: -j %s %s", errNotNetlink, t.name, what) }
+	switch t.name {
+	case "DNAT":
+		o, ok := t.opt("--to-destination")
+		if !ok || len(t.opts) != 1 {
+			return bad("options")
+		}
+		ap, err := netip.ParseAddrPort(o.value)
+		if err != nil || ap.Addr().Is6() != r.v6 || ap.Port() == 0 {
+			return bad(o.value)
+		}
+		xt(b, true, "DNAT", 2, 48, func(p []byte) {
+			ne.PutUint32(p[0:], 1|2) // NF_NAT_RANGE_MAP_IPS | NF_NAT_RANGE_PROTO_SPECIFIED
+			a := ap.Addr().AsSlice()
+			copy(p[4:], a)
+			copy(p[20:], a)
+			binary.BigEndian.PutUint16(p[36:], ap.Port())
+			binary.BigEndian.PutUint16(p[38:], ap.Port())
+		})
+	case "MARK":
+		if len(t.opts) != 1 {
+			return bad("options")
+		}
+		o := t.opts[0]
+		var mark, mask uint32
+		var err error
+		switch o.name {
+		case "--or-mark":
+			mark, err = parseU32(o.value)
+			mask = mark
+		case "--xor-mark":
+			mark, err = parseU32(o.value)
+		case "--set-xmark":
+			mark, mask, err = markMask(o.value)
+		default:
+			return bad(o.name)
+		}
+		if err != nil {
+			return bad(o.value)
+		}
+		xt(b, true, "MARK", 2, 8, func(p []byte) {
+			ne.PutUint32(p[0:], mark)
+			ne.PutUint32(p[4:], mask)
+		})
+	case "MASQUERADE":
+		var flags uint32
+		for _, o := range t.opts {
+			if o.name != "--random-fully" {
+				return bad(o.name)
+			}
+			flags |= 1 << 4 // NF_NAT_RANGE_PROTO_RANDOM_FULLY
+		}
+		if r.v6 {
+			xt(b, true, "MASQUERADE", 0, 40, func(p []byte) { ne.PutUint32(p[0:], flags) })
+			break
+		}
+		xt(b, true, "MASQUERADE", 0, 24, func(p []byte) {
+			ne.PutUint32(p[0:], 1) // rangesize
+			ne.PutUint32(p[4:], flags)
+		})
+	case "REJECT":
+		o, ok := t.opt("--reject-with")
+		if !ok || len(t.opts) != 1 {
+			return bad("options")
+		}
+		codes := rejectV4
+		if r.v6 {
+			codes = rejectV6
+		}
+		code, ok := codes[o.value]
+		if !ok {
+			return bad(o.value)
+		}
+		xt(b, true, "REJECT", 0, 8, func(p []byte) { ne.PutUint32(p[0:], code) })
+	default:
+		return bad("")
+	}
+	return nil
+}
+
+var (
+	ctStates = map[string]uint16{
+		"INVALID": 1 << 0, "ESTABLISHED": 1 << 1, "RELATED": 1 << 2, "NEW": 1 << 3,
+		"SNAT": 1 << 6, "DNAT": 1 << 7, "UNTRACKED": 1 << 8,
+	}
+	addrTypes = map[string]uint16{"UNICAST": 1 << 1, "LOCAL": 1 << 2, "BROADCAST": 1 << 3}
+	rejectV4  = map[string]uint32{"icmp-port-unreachable": 3, "tcp-reset": 7, "icmp-host-unreachable": 1, "icmp-net-unreachable": 0, "icmp-admin-prohibited": 8}
+	rejectV6  = map[string]uint32{"icmp6-port-unreachable": 4, "tcp-reset": 6, "icmp6-adm-prohibited": 1, "icmp6-no-route": 0, "icmp6-addr-unreachable": 3}
+)
+
+func portRange(s string) (lo, hi uint16, err error) {
+	a, z, isRange := strings.Cut(s, ":")
+	l, err := strconv.ParseUint(a, 10, 16)
+	if err != nil {
+		return 0, 0, err
+	}
+	h := l
+	if isRange {
+		if h, err = strconv.ParseUint(z, 10, 16); err != nil || h < l {
+			return 0, 0, fmt.Errorf("bad range %q", s)
+		}
+	}
+	return uint16(l), uint16(h), nil
+}
+
+func parseU32(s string) (uint32, error) {
+	v, err := strconv.ParseUint(s, 0, 32)
+	return uint32(v), err
+}
+
+// markMask reads "value[/mask]".
+func markMask(s string) (val, mask uint32, err error) {
+	v, m, hasMask := strings.Cut(s, "/")
+	if val, err = parseU32(v); err != nil {
+		return 0, 0, err
+	}
+	mask = math.MaxUint32
+	if hasMask {
+		mask, err = parseU32(m)
+	}
+	return val, mask, err
+}

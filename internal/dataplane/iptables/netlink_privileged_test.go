@@ -1,0 +1,130 @@
+package iptables
+
+import (
+	"context"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/dataplane/dptest"
+	"github.com/kproxy/kproxy/internal/model"
+)
+
+// TestPrivilegedNetlinkMatchesIPTables writes the same syncs once through
+// iptables-nft-restore and once over netlink, into two namespaces, and
+// requires the kernel to hold the same thing: the same iptables-save text
+// (what operators and upstream's kube-proxy read back) and the same
+// nf_tables expressions.
+func TestPrivilegedNetlinkMatchesIPTables(t *testing.T) {
+	dual := dptest.Config()
+	dual.Families = []model.Family{model.IPv4, model.IPv6}
+	dual.NodeIPs = nil
+	masqAll := labConfig()
+	masqAll.MasqueradeAll = true
+	masqAll.NodePortAddresses = []string{"198.18.0.2/32", "127.0.0.0/8"}
+	bridge := labConfig()
+	bridge.LocalMode = dataplane.LocalBridgeInterface
+	bridge.BridgeInterface = "cbr0"
+	prefix := labConfig()
+	prefix.LocalMode = dataplane.LocalInterfacePrefix
+	prefix.InterfacePrefix = "veth"
+	for _, tc := range []struct {
+		name string
+		cfg  dataplane.Config
+		opts []Option
+	}{
+		{"features", dual, nil},
+		{"masquerade-all", masqAll, nil},
+		{"bridge-no-localhost", bridge, []Option{WithLocalhostNodePorts(false)}},
+		{"interface-prefix", prefix, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var dumps [2]string
+			for i, viaNetlink := range []bool{false, true} {
+				l := dptest.NewLab(t, labPrefix)
+				ex := NetnsExec{Namespace: l.Node}
+				opts := append([]Option{WithExec(ex), WithSysctl(ExecSysctl{Exec: ex}), WithBackend(BackendNFT), WithNetlink(viaNetlink)}, tc.opts...)
+				p, err := New(tc.cfg, opts...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx := context.Background()
+				snap := featureSnapshot()
+				if err := p.Sync(ctx, snap, dataplane.SyncRequest{Full: true}); err != nil {
+					t.Fatal(err)
+				}
+				// A partial sync: one Service loses an endpoint, another
+				// goes away.
+				for _, sp := range snap.V4.Ports {
+					if len(sp.Endpoints) > 1 {
+						sp.Endpoints = sp.Endpoints[1:]
+						dptest.Categorize(sp)
+						if err := p.Sync(ctx, snap, changedKey(sp.ID)); err != nil {
+							t.Fatal(err)
+						}
+						break
+					}
+				}
+				if nl, rs := p.writes.netlink.Load(), p.writes.restore.Load(); viaNetlink && (nl < 2 || rs != 0) || !viaNetlink && nl != 0 {
+					t.Fatalf("netlink=%v: %d netlink writes, %d iptables-restore runs", viaNetlink, nl, rs)
+				}
+				dumps[i] = kernelDump(t, ex)
+			}
+			if dumps[0] != dumps[1] {
+				a, b := strings.Split(dumps[0], "\n"), strings.Split(dumps[1], "\n")
+				for j := range max(len(a), len(b)) {
+					var x, y string
+					if j < len(a) {
+						x = a[j]
+					}
+					if j < len(b) {
+						y = b[j]
+					}
+					if x != y {
+						t.Fatalf("netlink and iptables-restore differ at line %d:\niptables-restore: %s\nnetlink:          %s\n\n%s", j+1, x, y, dumps[1])
+					}
+				}
+			}
+			if !strings.Contains(dumps[0], "KUBE-SVC-") || !strings.Contains(dumps[0], "DNAT") {
+				t.Fatalf("the dump holds no Service rules:\n%s", dumps[0])
+			}
+		})
+	}
+}
+
+var (
+	saveNoise   = regexp.MustCompile(`(?m)^#.*$`)
+	handleNoise = regexp.MustCompile(`(?m)^(ip6? \S+ \S+)( \d+)+$`)
+)
+
+// kernelDump is iptables-save and ip6tables-save of every table, and the
+// nf_tables expressions of the ip and ip6 families, without comments,
+// timestamps and rule handles.
+func kernelDump(t *testing.T, ex Exec) string {
+	t.Helper()
+	var b strings.Builder
+	for _, cmd := range []string{"iptables-nft-save", "ip6tables-nft-save"} {
+		out, err := ex.Run(context.Background(), nil, cmd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.WriteString(saveNoise.ReplaceAllString(string(out), ""))
+	}
+	out, err := ex.Run(context.Background(), nil, "nft", "--debug=netlink", "list", "ruleset")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Keep the expression blocks; sort them so that creation order does
+	// not matter.
+	var blocks []string
+	for _, blk := range strings.Split(string(out), "\n\n") {
+		if strings.HasPrefix(blk, "ip") {
+			blocks = append(blocks, handleNoise.ReplaceAllString(blk, "$1"))
+		}
+	}
+	slices.Sort(blocks)
+	b.WriteString(strings.Join(blocks, "\n\n"))
+	return b.String()
+}

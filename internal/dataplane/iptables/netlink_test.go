@@ -1,0 +1,110 @@
+package iptables
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/dataplane/dptest"
+	"github.com/kproxy/kproxy/internal/model"
+)
+
+// Every rule render writes must translate: a rule that does not would send
+// whole syncs back to iptables-restore without anyone noticing.
+func TestEveryRenderedRuleTranslates(t *testing.T) {
+	dual := dptest.Config()
+	dual.Families = []model.Family{model.IPv4, model.IPv6}
+	masqAll := dptest.Config()
+	masqAll.MasqueradeAll = true
+	masqAll.NodePortAddresses = []string{"198.18.0.2/32", "127.0.0.0/8"}
+	bridge := dptest.Config()
+	bridge.LocalMode = dataplane.LocalBridgeInterface
+	bridge.BridgeInterface = "cbr0"
+	prefix := dptest.Config()
+	prefix.LocalMode = dataplane.LocalInterfacePrefix
+	prefix.InterfacePrefix = "veth"
+	for name, cfg := range map[string]dataplane.Config{"dual": dual, "masquerade-all": masqAll, "bridge": bridge, "prefix": prefix} {
+		p, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		snap := featureSnapshot()
+		for _, fam := range cfg.Families {
+			rs := Render(p.params(), snap.Family(fam), snap.Node)
+			rules := 0
+			for _, w := range rulesetWrites(rs) {
+				for _, c := range w.chains {
+					rules += len(c.Rules)
+				}
+			}
+			b, err := encodeSections(fam, rulesetWrites(rs))
+			if err != nil {
+				t.Fatalf("%s %s: %v", name, fam, err)
+			}
+			if rules < 20 || b.Len() < rules*100 {
+				t.Fatalf("%s %s: %d rules in %d bytes", name, fam, rules, b.Len())
+			}
+		}
+	}
+}
+
+func TestUntranslatableRules(t *testing.T) {
+	for _, rule := range []string{
+		"-m multiport --dports 80,443 -j ACCEPT",
+		"-m sctp -p sctp --dport 80 -j ACCEPT",
+		"-p icmp -j ACCEPT",
+		"-m tcp -p tcp --sport 80 -j ACCEPT",
+		"-j SNAT --to-source 198.18.0.1",
+		"-j CT --notrack",
+		"-d 198.18.0.300 -j ACCEPT",
+		"-m comment --comment",
+		"-m statistic --mode nth --every 2 -j ACCEPT",
+		"-m conntrack --ctstate BOGUS -j ACCEPT",
+		"-j DNAT --to-destination 198.18.0.1",
+		"-g ACCEPT",
+		"--dport 80",
+	} {
+		w := &tableWrite{table: tableNAT, chains: []*Chain{{Name: "KUBE-TEST", Rules: []string{rule}}}}
+		if _, err := encodeSections(model.IPv4, []*tableWrite{w}); !errors.Is(err, errNotNetlink) {
+			t.Errorf("%q: got %v, want errNotNetlink", rule, err)
+		}
+	}
+	w := &tableWrite{table: tableNAT, delRules: []string{"PREROUTING -j KUBE-SERVICES"}}
+	if _, err := encodeSections(model.IPv4, []*tableWrite{w}); !errors.Is(err, errNotNetlink) {
+		t.Errorf("rule deletion: got %v, want errNotNetlink", err)
+	}
+}
+
+func TestParseAddr(t *testing.T) {
+	for _, tc := range []struct {
+		fam        model.Family
+		in         string
+		addr, mask string
+	}{
+		{model.IPv4, "198.18.4.7", "c6120407", "ffffffff"},
+		{model.IPv4, "198.18.64.0/18", "c6124000", "ffffc000"},
+		{model.IPv4, "198.18.4.9/0.0.0.15", "00000009", "0000000f"},
+		{model.IPv4, "127.0.0.0/8", "7f000000", "ff000000"},
+		{model.IPv6, "fd00:10::/64", "fd000010000000000000000000000000", "ffffffffffffffff0000000000000000"},
+	} {
+		a, m, err := parseAddr(tc.fam, tc.in)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.in, err)
+		}
+		if got := hex(a) + "/" + hex(m); got != tc.addr+"/"+tc.mask {
+			t.Errorf("%s: got %s, want %s/%s", tc.in, got, tc.addr, tc.mask)
+		}
+	}
+	if _, _, err := parseAddr(model.IPv4, "fd00::1"); err == nil {
+		t.Error("an IPv6 address in an IPv4 rule was accepted")
+	}
+}
+
+func hex(b []byte) string {
+	const digits = "0123456789abcdef"
+	out := make([]byte, 0, 2*len(b))
+	for _, c := range b {
+		out = append(out, digits[c>>4], digits[c&15])
+	}
+	return string(out)
+}

@@ -1,0 +1,261 @@
+// Package nfnl writes nf_tables netlink transactions: a batch of messages
+// (tables, chains, rules) that the kernel applies atomically, sent on one
+// socket with one acknowledgement. It knows the wire format (netlink and
+// nfgenmsg headers, attributes, nesting), not what the messages mean; the
+// dataplanes encode their own objects with it.
+//
+// The nftables dataplane writes its larger batches with its own chunked
+// buffer (internal/dataplane/nftables/nlbatch.go) and reads the verdict
+// with ReadAck.
+package nfnl
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	subsysNFTables = 10
+	nlmsgHdrLen    = 16
+	nfgenHdrLen    = 4
+)
+
+// Batch is one transaction being written. Every message names its table
+// itself, so one batch may span tables of one family.
+type Batch struct {
+	buf    []byte
+	fam    byte
+	seq    uint32
+	last   int // offset of the last message header, for the ack flag
+	hasMsg bool
+	// names[i] describes the message with sequence number i+2, for error
+	// reports (the first message of a batch is number 2).
+	names []string
+}
+
+// NewBatch starts a batch for family fam (unix.NFPROTO_IPV4 or
+// unix.NFPROTO_IPV6); sizeHint is the expected number of bytes.
+func NewBatch(fam byte, sizeHint int) *Batch {
+	b := &Batch{buf: make([]byte, 0, max(sizeHint, 64)), fam: fam, seq: 1}
+	b.header(unix.NFNL_MSG_BATCH_BEGIN, unix.NLM_F_REQUEST, unix.AF_UNSPEC)
+	binary.BigEndian.PutUint16(b.buf[len(b.buf)-2:], subsysNFTables)
+	b.Finish(0)
+	return b
+}
+
+// Len is the number of bytes written so far.
+func (b *Batch) Len() int { return len(b.buf) }
+
+// Empty reports whether the batch holds no message.
+func (b *Batch) Empty() bool { return !b.hasMsg }
+
+func (b *Batch) header(typ uint16, flags uint16, fam byte) int {
+	start := len(b.buf)
+	b.buf = binary.NativeEndian.AppendUint32(b.buf, 0)
+	b.buf = binary.NativeEndian.AppendUint16(b.buf, typ)
+	b.buf = binary.NativeEndian.AppendUint16(b.buf, flags)
+	b.buf = binary.NativeEndian.AppendUint32(b.buf, b.seq)
+	b.buf = binary.NativeEndian.AppendUint32(b.buf, 0)
+	b.buf = append(b.buf, fam, 0, 0, 0)
+	b.seq++
+	return start
+}
+
+// Msg starts an nf_tables message of type typ (unix.NFT_MSG_*); what
+// describes it in error reports ("add rule to nat/KUBE-SVC-…"). Append its
+// attributes, then call Finish with the returned offset.
+func (b *Batch) Msg(typ uint16, flags uint16, what string) int {
+	start := b.header(subsysNFTables<<8|typ, unix.NLM_F_REQUEST|flags, b.fam)
+	b.last, b.hasMsg = start, true
+	b.names = append(b.names, what)
+	return start
+}
+
+// Finish writes the length of the message started at start.
+func (b *Batch) Finish(start int) {
+	binary.NativeEndian.PutUint32(b.buf[start:], uint32(len(b.buf)-start))
+}
+
+// Attr appends one attribute, padded to 4 bytes.
+func (b *Batch) Attr(typ uint16, data []byte) {
+	b.buf = binary.NativeEndian.AppendUint16(b.buf, uint16(4+len(data)))
+	b.buf = binary.NativeEndian.AppendUint16(b.buf, typ)
+	b.buf = append(b.buf, data...)
+	b.pad()
+}
+
+func (b *Batch) pad() {
+	for len(b.buf)%4 != 0 {
+		b.buf = append(b.buf, 0)
+	}
+}
+
+// AttrBE32 appends a big-endian 32-bit attribute.
+func (b *Batch) AttrBE32(typ uint16, v uint32) {
+	b.buf = binary.NativeEndian.AppendUint16(b.buf, 8)
+	b.buf = binary.NativeEndian.AppendUint16(b.buf, typ)
+	b.buf = binary.BigEndian.AppendUint32(b.buf, v)
+}
+
+// AttrStr appends a NUL-terminated string attribute.
+func (b *Batch) AttrStr(typ uint16, s string) {
+	b.buf = binary.NativeEndian.AppendUint16(b.buf, uint16(4+len(s)+1))
+	b.buf = binary.NativeEndian.AppendUint16(b.buf, typ)
+	b.buf = append(b.buf, s...)
+	b.buf = append(b.buf, 0)
+	b.pad()
+}
+
+// AttrZero appends an attribute of n zero bytes whose first bytes are
+// data: the fixed-size C structs of xtables matches and targets.
+func (b *Batch) AttrZero(typ uint16, n int, data func(p []byte)) {
+	b.buf = binary.NativeEndian.AppendUint16(b.buf, uint16(4+n))
+	b.buf = binary.NativeEndian.AppendUint16(b.buf, typ)
+	start := len(b.buf)
+	b.buf = append(b.buf, make([]byte, n)...)
+	if data != nil {
+		data(b.buf[start : start+n])
+	}
+	b.pad()
+}
+
+// Value appends a nested attribute typ holding NFTA_DATA_VALUE data.
+func (b *Batch) Value(typ uint16, data []byte) {
+	n := b.Nest(typ)
+	b.Attr(unix.NFTA_DATA_VALUE, data)
+	b.End(n)
+}
+
+// Nest opens a nested attribute; close it with End.
+func (b *Batch) Nest(typ uint16) int {
+	start := len(b.buf)
+	b.buf = append(b.buf, 0, 0, 0, 0)
+	binary.NativeEndian.PutUint16(b.buf[start+2:], typ|unix.NLA_F_NESTED)
+	return start
+}
+
+// End closes the nested attribute opened at start.
+func (b *Batch) End(start int) {
+	binary.NativeEndian.PutUint16(b.buf[start:], uint16(len(b.buf)-start))
+}
+
+// Error is the kernel's rejection of one message of a batch.
+type Error struct {
+	Errno syscall.Errno
+	What  string // the message's description
+	Msg   string // the kernel's extended ack message, if any
+}
+
+func (e *Error) Error() string {
+	s := fmt.Sprintf("%s: %v", e.What, e.Errno)
+	if e.Msg != "" {
+		s += " (" + e.Msg + ")"
+	}
+	return s
+}
+
+func (e *Error) Unwrap() error { return e.Errno }
+
+// Send closes the batch, sends it on a new socket in the calling thread's
+// network namespace and waits for the kernel's verdict: nil, or the
+// errors of the messages it rejected (then nothing of the batch applied).
+// The batch cannot be used afterwards.
+func (b *Batch) Send() error {
+	if !b.hasMsg {
+		return nil
+	}
+	flags := binary.NativeEndian.Uint16(b.buf[b.last+6:])
+	binary.NativeEndian.PutUint16(b.buf[b.last+6:], flags|unix.NLM_F_ACK)
+	ackSeq := binary.NativeEndian.Uint32(b.buf[b.last+8:])
+	end := b.header(unix.NFNL_MSG_BATCH_END, unix.NLM_F_REQUEST, unix.AF_UNSPEC)
+	binary.BigEndian.PutUint16(b.buf[len(b.buf)-2:], subsysNFTables)
+	b.Finish(end)
+
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+	if err != nil {
+		return fmt.Errorf("opening netfilter netlink socket: %w", err)
+	}
+	defer unix.Close(fd)
+	// The kernel takes a batch only whole, in one message.
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, len(b.buf)+64<<10); err != nil {
+		return fmt.Errorf("sizing netlink send buffer to %d bytes: %w", len(b.buf), err)
+	}
+	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4<<20)
+	_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_CAP_ACK, 1)
+	_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_EXT_ACK, 1)
+	tv := unix.Timeval{Sec: 60}
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return fmt.Errorf("binding netlink socket: %w", err)
+	}
+	if err := unix.Sendto(fd, b.buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return fmt.Errorf("sending netlink batch of %d bytes: %w", len(b.buf), err)
+	}
+	return ReadAck(fd, ackSeq, b.describe)
+}
+
+func (b *Batch) describe(seq uint32) string {
+	if i := int(seq) - 2; i >= 0 && i < len(b.names) {
+		return b.names[i]
+	}
+	return "netlink batch"
+}
+
+// ReadAck reads a batch's replies from fd until the acknowledgement of
+// message ackSeq; every error reply before it is a message the kernel
+// rejected (and with it the batch), named by describe.
+func ReadAck(fd int, ackSeq uint32, describe func(seq uint32) string) error {
+	rb := make([]byte, 32<<10)
+	var errs []error
+	for range 1 << 20 {
+		n, _, err := unix.Recvfrom(fd, rb, 0)
+		if err != nil {
+			return errors.Join(append(errs, fmt.Errorf("reading netlink replies: %w", err))...)
+		}
+		for msgs := rb[:n]; len(msgs) >= nlmsgHdrLen; {
+			l := int(binary.NativeEndian.Uint32(msgs))
+			if l < nlmsgHdrLen || l > len(msgs) {
+				break
+			}
+			m := msgs[:l]
+			msgs = msgs[min((l+3)&^3, len(msgs)):]
+			if binary.NativeEndian.Uint16(m[4:]) != unix.NLMSG_ERROR || len(m) < nlmsgHdrLen+4 {
+				continue
+			}
+			seq := binary.NativeEndian.Uint32(m[8:])
+			if errno := -int32(binary.NativeEndian.Uint32(m[nlmsgHdrLen:])); errno != 0 {
+				errs = append(errs, &Error{Errno: syscall.Errno(errno), What: describe(seq), Msg: extAckMsg(m)})
+			}
+			if seq == ackSeq {
+				return errors.Join(errs...)
+			}
+		}
+	}
+	return errors.New("no acknowledgement of the netlink batch")
+}
+
+// extAckMsg returns NLMSGERR_ATTR_MSG of an error reply sent with
+// NETLINK_CAP_ACK (no copy of the request), or "".
+func extAckMsg(m []byte) string {
+	off := nlmsgHdrLen + 4 + nlmsgHdrLen
+	for off+4 <= len(m) {
+		l := int(binary.NativeEndian.Uint16(m[off:]))
+		typ := binary.NativeEndian.Uint16(m[off+2:])
+		if l < 4 || off+l > len(m) {
+			break
+		}
+		if typ == unix.NLMSGERR_ATTR_MSG {
+			s := m[off+4 : off+l]
+			for len(s) > 0 && s[len(s)-1] == 0 {
+				s = s[:len(s)-1]
+			}
+			return string(s)
+		}
+		off += (l + 3) &^ 3
+	}
+	return ""
+}
