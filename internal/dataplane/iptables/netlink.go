@@ -122,6 +122,7 @@ type xtRule struct {
 	target           *xtModule
 	verdict          int32
 	chain            string // jump or goto target
+	noCounter        bool
 }
 
 // xtModule is one -m module or -j target with its options.
@@ -307,6 +308,13 @@ func addRule(b *nfnl.Batch, fam model.Family, table, chain, text string, appendR
 	m := b.Msg(unix.NFT_MSG_NEWRULE, flags, "add rule to "+table+"/"+chain)
 	b.AttrStr(unix.NFTA_RULE_TABLE, table)
 	b.AttrStr(unix.NFTA_RULE_CHAIN, chain)
+	// The hairpin rule of a KUBE-SEP chain gets no counter: the kernel
+	// allocates one per CPU for every counter, 100k of these cost ~0.6 s
+	// of a cold start at 10k Services × 10 endpoints, and what they would
+	// count (a pod reaching itself through its Service) is rarely read.
+	// The per-endpoint counts stay, on the DNAT rule and on the KUBE-SVC
+	// rule that picks the endpoint.
+	r.noCounter = strings.HasPrefix(chain, prefixSEP) && r.chain == chainMarkMasq
 	l := b.Nest(unix.NFTA_RULE_EXPRESSIONS)
 	if err := r.encode(b); err != nil {
 		return fmt.Errorf("rule %q: %w", text, err)
@@ -350,7 +358,9 @@ func (r *xtRule) encode(b *nfnl.Batch) error {
 			return err
 		}
 	}
-	counter(b)
+	if !r.noCounter {
+		counter(b)
+	}
 	if r.target != nil {
 		return r.encodeTarget(b, r.target)
 	}
