@@ -13,6 +13,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -26,21 +27,71 @@ const (
 
 // Batch is one transaction being written. Every message names its table
 // itself, so one batch may span tables of one family.
+//
+// The batch grows by chunks of about chunkBytes, sealed at message
+// boundaries and sent together with one sendmsg: a large batch (tens of
+// MB at 10k Services) is never copied to grow, and a Pool hands the chunks
+// of a sent batch to the next one, as fresh pages are expensive.
 type Batch struct {
+	chunks [][]byte
 	buf    []byte
+	pool   *Pool
 	fam    byte
 	seq    uint32
-	last   int // offset of the last message header, for the ack flag
-	hasMsg bool
+	// last is the offset of the last message header in chunk lastChunk
+	// (len(chunks): in buf), for the ack flag.
+	last      int
+	lastChunk int
+	hasMsg    bool
 	// names[i] describes the message with sequence number i+2, for error
 	// reports (the first message of a batch is number 2).
 	names []string
 }
 
+const (
+	chunkBytes = 1 << 20
+	// chunkCap leaves room for the message that crosses chunkBytes: no
+	// message is near 64 KiB.
+	chunkCap = chunkBytes + 64<<10
+)
+
+// Pool keeps the chunks of sent batches for later batches. Its zero value
+// is ready; a nil *Pool allocates every chunk.
+type Pool struct {
+	mu   sync.Mutex
+	free [][]byte
+}
+
+func (p *Pool) get() []byte {
+	if p != nil {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if n := len(p.free); n > 0 {
+			c := p.free[n-1]
+			p.free = p.free[:n-1]
+			return c[:0]
+		}
+	}
+	return make([]byte, 0, chunkCap)
+}
+
+func (p *Pool) put(chunks [][]byte) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range chunks {
+		if cap(c) == chunkCap {
+			p.free = append(p.free, c)
+		}
+	}
+}
+
 // NewBatch starts a batch for family fam (unix.NFPROTO_IPV4 or
-// unix.NFPROTO_IPV6); sizeHint is the expected number of bytes.
-func NewBatch(fam byte, sizeHint int) *Batch {
-	b := &Batch{buf: make([]byte, 0, max(sizeHint, 64)), fam: fam, seq: 1}
+// unix.NFPROTO_IPV6) whose chunks come from pool (nil: fresh ones).
+func NewBatch(fam byte, pool *Pool) *Batch {
+	b := &Batch{buf: pool.get(), pool: pool, fam: fam, seq: 1}
 	b.header(unix.NFNL_MSG_BATCH_BEGIN, unix.NLM_F_REQUEST, unix.AF_UNSPEC)
 	binary.BigEndian.PutUint16(b.buf[len(b.buf)-2:], subsysNFTables)
 	b.Finish(0)
@@ -48,7 +99,13 @@ func NewBatch(fam byte, sizeHint int) *Batch {
 }
 
 // Len is the number of bytes written so far.
-func (b *Batch) Len() int { return len(b.buf) }
+func (b *Batch) Len() int {
+	n := len(b.buf)
+	for _, c := range b.chunks {
+		n += len(c)
+	}
+	return n
+}
 
 // Empty reports whether the batch holds no message.
 func (b *Batch) Empty() bool { return !b.hasMsg }
@@ -70,7 +127,7 @@ func (b *Batch) header(typ uint16, flags uint16, fam byte) int {
 // attributes, then call Finish with the returned offset.
 func (b *Batch) Msg(typ uint16, flags uint16, what string) int {
 	start := b.header(subsysNFTables<<8|typ, unix.NLM_F_REQUEST|flags, b.fam)
-	b.last, b.hasMsg = start, true
+	b.last, b.lastChunk, b.hasMsg = start, len(b.chunks), true
 	b.names = append(b.names, what)
 	return start
 }
@@ -78,6 +135,10 @@ func (b *Batch) Msg(typ uint16, flags uint16, what string) int {
 // Finish writes the length of the message started at start.
 func (b *Batch) Finish(start int) {
 	binary.NativeEndian.PutUint32(b.buf[start:], uint32(len(b.buf)-start))
+	if len(b.buf) >= chunkBytes {
+		b.chunks = append(b.chunks, b.buf)
+		b.buf = b.pool.get()
+	}
 }
 
 // Attr appends one attribute, padded to 4 bytes.
@@ -163,17 +224,24 @@ func (e *Error) Unwrap() error { return e.Errno }
 // Send closes the batch, sends it on a new socket in the calling thread's
 // network namespace and waits for the kernel's verdict: nil, or the
 // errors of the messages it rejected (then nothing of the batch applied).
-// The batch cannot be used afterwards.
+// The batch cannot be used afterwards: its chunks go back to its pool.
 func (b *Batch) Send() error {
 	if !b.hasMsg {
 		return nil
 	}
-	flags := binary.NativeEndian.Uint16(b.buf[b.last+6:])
-	binary.NativeEndian.PutUint16(b.buf[b.last+6:], flags|unix.NLM_F_ACK)
-	ackSeq := binary.NativeEndian.Uint32(b.buf[b.last+8:])
+	defer b.release()
+	last := b.buf
+	if b.lastChunk < len(b.chunks) {
+		last = b.chunks[b.lastChunk]
+	}
+	flags := binary.NativeEndian.Uint16(last[b.last+6:])
+	binary.NativeEndian.PutUint16(last[b.last+6:], flags|unix.NLM_F_ACK)
+	ackSeq := binary.NativeEndian.Uint32(last[b.last+8:])
 	end := b.header(unix.NFNL_MSG_BATCH_END, unix.NLM_F_REQUEST, unix.AF_UNSPEC)
 	binary.BigEndian.PutUint16(b.buf[len(b.buf)-2:], subsysNFTables)
-	b.Finish(end)
+	binary.NativeEndian.PutUint32(b.buf[end:], uint32(len(b.buf)-end))
+	bufs := append(b.chunks, b.buf)
+	size := b.Len()
 
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
 	if err != nil {
@@ -181,8 +249,8 @@ func (b *Batch) Send() error {
 	}
 	defer unix.Close(fd)
 	// The kernel takes a batch only whole, in one message.
-	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, len(b.buf)+64<<10); err != nil {
-		return fmt.Errorf("sizing netlink send buffer to %d bytes: %w", len(b.buf), err)
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, size+64<<10); err != nil {
+		return fmt.Errorf("sizing netlink send buffer to %d bytes: %w", size, err)
 	}
 	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4<<20)
 	_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_CAP_ACK, 1)
@@ -192,10 +260,15 @@ func (b *Batch) Send() error {
 	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return fmt.Errorf("binding netlink socket: %w", err)
 	}
-	if err := unix.Sendto(fd, b.buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return fmt.Errorf("sending netlink batch of %d bytes: %w", len(b.buf), err)
+	if _, err := unix.SendmsgBuffers(fd, bufs, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0); err != nil {
+		return fmt.Errorf("sending netlink batch of %d bytes: %w", size, err)
 	}
 	return ReadAck(fd, ackSeq, b.describe)
+}
+
+func (b *Batch) release() {
+	b.pool.put(append(b.chunks, b.buf))
+	b.chunks, b.buf = nil, nil
 }
 
 func (b *Batch) describe(seq uint32) string {

@@ -93,7 +93,7 @@ func (p *Proxier) netlinkRestore(ctx context.Context, run nsRunner, fam model.Fa
 		}
 		body = append(body, w)
 	}
-	b, err := encodeSections(fam, body)
+	b, err := encodeSections(fam, body, p.pool)
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/nfnl"
 )
 
 // Batching: iptables-nft-restore (1.8.9 measured here) keeps, per COMMIT,
@@ -114,6 +115,8 @@ func (p *Proxier) writeAhead(ctx context.Context, fam model.Family, ports, leave
 	inputs := aheadWorkers
 	if _, ok := p.netlinkRunner(); ok {
 		inputs = netlinkInputs
+		p.pool = &nfnl.Pool{}
+		defer func() { p.pool = nil }()
 	}
 	// The leaves jump to the per-port chains: they go in a second round.
 	for _, round := range []portGroups{ports, leaves} {

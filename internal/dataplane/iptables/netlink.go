@@ -35,19 +35,14 @@ import (
 
 var errNotNetlink = errors.New("not expressible as a netlink batch")
 
-// encodeSections writes the sections (in restore order) into one batch.
-func encodeSections(fam model.Family, ws []*tableWrite) (*nfnl.Batch, error) {
-	size := 256
-	for _, w := range ws {
-		if w != nil {
-			size += sizeOf([]*tableWrite{w}) * 3
-		}
-	}
+// encodeSections writes the sections (in restore order) into one batch
+// whose chunks come from pool (nil: fresh ones).
+func encodeSections(fam model.Family, ws []*tableWrite, pool *nfnl.Pool) (*nfnl.Batch, error) {
 	nf := byte(unix.NFPROTO_IPV4)
 	if fam == model.IPv6 {
 		nf = unix.NFPROTO_IPV6
 	}
-	b := nfnl.NewBatch(nf, size)
+	b := nfnl.NewBatch(nf, pool)
 	tables := map[string]bool{}
 	for _, w := range ws {
 		if w.empty() {

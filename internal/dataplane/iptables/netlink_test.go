@@ -37,7 +37,7 @@ func TestEveryRenderedRuleTranslates(t *testing.T) {
 					rules += len(c.Rules)
 				}
 			}
-			b, err := encodeSections(fam, rulesetWrites(rs))
+			b, err := encodeSections(fam, rulesetWrites(rs), nil)
 			if err != nil {
 				t.Fatalf("%s %s: %v", name, fam, err)
 			}
@@ -65,12 +65,12 @@ func TestUntranslatableRules(t *testing.T) {
 		"--dport 80",
 	} {
 		w := &tableWrite{table: tableNAT, chains: []*Chain{{Name: "KUBE-TEST", Rules: []string{rule}}}}
-		if _, err := encodeSections(model.IPv4, []*tableWrite{w}); !errors.Is(err, errNotNetlink) {
+		if _, err := encodeSections(model.IPv4, []*tableWrite{w}, nil); !errors.Is(err, errNotNetlink) {
 			t.Errorf("%q: got %v, want errNotNetlink", rule, err)
 		}
 	}
 	w := &tableWrite{table: tableNAT, delRules: []string{"PREROUTING -j KUBE-SERVICES"}}
-	if _, err := encodeSections(model.IPv4, []*tableWrite{w}); !errors.Is(err, errNotNetlink) {
+	if _, err := encodeSections(model.IPv4, []*tableWrite{w}, nil); !errors.Is(err, errNotNetlink) {
 		t.Errorf("rule deletion: got %v, want errNotNetlink", err)
 	}
 }

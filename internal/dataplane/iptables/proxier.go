@@ -16,6 +16,7 @@ import (
 
 	"github.com/kproxy/kproxy/internal/dataplane"
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/nfnl"
 )
 
 // Proxier is the iptables Dataplane. Calls are serialised by a mutex.
@@ -29,6 +30,9 @@ type Proxier struct {
 	// writes counts the transactions written over netlink and with
 	// iptables-restore (tests read it).
 	writes struct{ netlink, restore atomic.Int64 }
+	// pool lends netlink batches the chunks of sent ones while a sync
+	// writes chains ahead (nil otherwise, so that nothing stays held).
+	pool *nfnl.Pool
 
 	mu      sync.Mutex
 	liberal bool
