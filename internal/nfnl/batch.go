@@ -28,7 +28,7 @@ const (
 // Batch is one transaction being written. Every message names its table
 // itself, so one batch may span tables of one family.
 //
-// The batch grows by chunks of about chunkBytes, sealed at message
+// The batch grows by chunks of about ChunkBytes, sealed at message
 // boundaries and sent together with one sendmsg: a large batch (tens of
 // MB at 10k Services) is never copied to grow, and a Pool hands the chunks
 // of a sent batch to the next one, as fresh pages are expensive.
@@ -49,10 +49,11 @@ type Batch struct {
 }
 
 const (
-	chunkBytes = 1 << 20
-	// chunkCap leaves room for the message that crosses chunkBytes: no
-	// message is near 64 KiB.
-	chunkCap = chunkBytes + 64<<10
+	// ChunkBytes is the size at which a finished message seals a chunk.
+	ChunkBytes = 1 << 20
+	// ChunkCap is every chunk's capacity: room for the message that
+	// crosses ChunkBytes (no message is near 64 KiB).
+	ChunkCap = ChunkBytes + 64<<10
 )
 
 // Pool keeps the chunks of sent batches for later batches. Its zero value
@@ -62,7 +63,8 @@ type Pool struct {
 	free [][]byte
 }
 
-func (p *Pool) get() []byte {
+// Get returns an empty chunk of capacity ChunkCap.
+func (p *Pool) Get() []byte {
 	if p != nil {
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -72,17 +74,25 @@ func (p *Pool) get() []byte {
 			return c[:0]
 		}
 	}
-	return make([]byte, 0, chunkCap)
+	return make([]byte, 0, ChunkCap)
 }
 
-func (p *Pool) put(chunks [][]byte) {
+// Len is the number of chunks the pool holds.
+func (p *Pool) Len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.free)
+}
+
+// Put takes back chunks (others than ChunkCap-sized ones are dropped).
+func (p *Pool) Put(chunks [][]byte) {
 	if p == nil {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, c := range chunks {
-		if cap(c) == chunkCap {
+		if cap(c) == ChunkCap {
 			p.free = append(p.free, c)
 		}
 	}
@@ -91,7 +101,7 @@ func (p *Pool) put(chunks [][]byte) {
 // NewBatch starts a batch for family fam (unix.NFPROTO_IPV4 or
 // unix.NFPROTO_IPV6) whose chunks come from pool (nil: fresh ones).
 func NewBatch(fam byte, pool *Pool) *Batch {
-	b := &Batch{buf: pool.get(), pool: pool, fam: fam, seq: 1}
+	b := &Batch{buf: pool.Get(), pool: pool, fam: fam, seq: 1}
 	b.header(unix.NFNL_MSG_BATCH_BEGIN, unix.NLM_F_REQUEST, unix.AF_UNSPEC)
 	binary.BigEndian.PutUint16(b.buf[len(b.buf)-2:], subsysNFTables)
 	b.Finish(0)
@@ -135,9 +145,9 @@ func (b *Batch) Msg(typ uint16, flags uint16, what string) int {
 // Finish writes the length of the message started at start.
 func (b *Batch) Finish(start int) {
 	binary.NativeEndian.PutUint32(b.buf[start:], uint32(len(b.buf)-start))
-	if len(b.buf) >= chunkBytes {
+	if len(b.buf) >= ChunkBytes {
 		b.chunks = append(b.chunks, b.buf)
-		b.buf = b.pool.get()
+		b.buf = b.pool.Get()
 	}
 }
 
@@ -267,7 +277,7 @@ func (b *Batch) Send() error {
 }
 
 func (b *Batch) release() {
-	b.pool.put(append(b.chunks, b.buf))
+	b.pool.Put(append(b.chunks, b.buf))
 	b.chunks, b.buf = nil, nil
 }
 

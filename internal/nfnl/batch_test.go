@@ -51,7 +51,7 @@ func TestBatchChunksAtMessageBoundaries(t *testing.T) {
 	if len(pool.free) != chunks {
 		t.Errorf("pool got %d chunks back, want %d", len(pool.free), chunks)
 	}
-	if c := NewBatch(unix.NFPROTO_IPV4, pool); len(pool.free) != chunks-1 || cap(c.buf) != chunkCap {
+	if c := NewBatch(unix.NFPROTO_IPV4, pool); len(pool.free) != chunks-1 || cap(c.buf) != ChunkCap {
 		t.Errorf("a new batch did not take a pooled chunk")
 	}
 }

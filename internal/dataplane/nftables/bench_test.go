@@ -19,6 +19,7 @@ import (
 	"github.com/kproxy/kproxy/internal/dataplane"
 	"github.com/kproxy/kproxy/internal/dataplane/dptest"
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/nfnl"
 	"github.com/kproxy/kproxy/internal/objects"
 )
 
@@ -116,7 +117,7 @@ func BenchmarkColdSync10k(b *testing.B) {
 	for b.Loop() {
 		st := newFamState(model.IPv4, fake)
 		var t txn
-		pool := &chunkPool{}
+		pool := &nfnl.Pool{}
 		encode := func(stage func() opList) bool {
 			nl := newNetlinkReader(model.IPv4, DefaultTableName)
 			batch, err := nl.encodePooled(stage(), sets, pool)

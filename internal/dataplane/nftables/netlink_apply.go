@@ -12,6 +12,8 @@ import (
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
+
+	"github.com/kproxy/kproxy/internal/nfnl"
 )
 
 // errNoNetlink means a transaction holds something the netlink path does
@@ -49,7 +51,7 @@ func (n *netlinkReader) encode(ops opList, sets map[string]*set) (*nlBatch, erro
 
 // encodePooled is encode into a batch whose chunks come from pool (and go
 // back to it with release).
-func (n *netlinkReader) encodePooled(ops opList, sets map[string]*set, pool *chunkPool) (*nlBatch, error) {
+func (n *netlinkReader) encodePooled(ops opList, sets map[string]*set, pool *nfnl.Pool) (*nlBatch, error) {
 	return n.encodeInto(newPooledNLBatch(n.nfproto(), n.table.Name, pool), ops, sets)
 }
 

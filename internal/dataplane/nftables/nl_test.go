@@ -18,6 +18,7 @@ import (
 	"github.com/kproxy/kproxy/internal/dataplane"
 	"github.com/kproxy/kproxy/internal/dataplane/dptest"
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/nfnl"
 )
 
 // netlinkConfigs are the configurations whose renderings the netlink tests
@@ -226,7 +227,7 @@ func TestPooledBatchEqualsFresh(t *testing.T) {
 	if len(fresh.chunks) < 2 {
 		t.Fatalf("the batch has %d sealed chunks; the test needs several", len(fresh.chunks))
 	}
-	pool := &chunkPool{}
+	pool := &nfnl.Pool{}
 	// The first pooled batch fills new chunks with the whole table; the
 	// second, only the rules, reuses them.
 	parts := []opList{tx.ops(), {tx.rules}}
@@ -248,8 +249,8 @@ func TestPooledBatchEqualsFresh(t *testing.T) {
 			t.Fatalf("batch %d: a pooled batch on reused chunks differs from a fresh one (%d vs %d bytes)", i, len(got), len(refBytes))
 		}
 		b.release()
-		if i == 0 && len(pool.free) < 2 {
-			t.Fatalf("released %d chunks to the pool, want them all", len(pool.free))
+		if i == 0 && pool.Len() < 2 {
+			t.Fatalf("released %d chunks to the pool, want them all", pool.Len())
 		}
 	}
 }

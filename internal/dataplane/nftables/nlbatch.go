@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -37,50 +36,14 @@ type nlBatch struct {
 	hasMsg    bool
 	// pool, when set, gives the batch its chunks and takes them back
 	// (release).
-	pool *chunkPool
-}
-
-// chunkCap is the capacity of every chunk: a finished message seals a
-// chunk once it holds chunkBytes, and no message is near 64 KiB.
-const chunkCap = chunkBytes + 64<<10
-
-// chunkPool keeps the chunks of sent batches for the next batches of the
-// same staged sync. A cold sync at 10k Services writes ~10 MB of batches,
-// and in this VM a fresh page costs ~20 us (a fault in the guest and one
-// in the host): measured 19 us per 4 KiB page, ~0.2 s for those 10 MB.
-type chunkPool struct {
-	mu   sync.Mutex
-	free [][]byte
-}
-
-func (p *chunkPool) get() []byte {
-	if p != nil {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		if n := len(p.free); n > 0 {
-			c := p.free[n-1]
-			p.free = p.free[:n-1]
-			return c[:0]
-		}
-	}
-	return make([]byte, 0, chunkCap)
-}
-
-func (p *chunkPool) put(chunks [][]byte) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range chunks {
-		if cap(c) == chunkCap {
-			p.free = append(p.free, c)
-		}
-	}
+	pool *nfnl.Pool
 }
 
 // release gives the batch's chunks back to its pool; the batch is unusable
 // afterwards.
 func (b *nlBatch) release() {
 	if b.pool != nil {
-		b.pool.put(append(b.chunks, b.buf))
+		b.pool.Put(append(b.chunks, b.buf))
 	}
 	b.chunks, b.buf = nil, nil
 }
@@ -91,18 +54,16 @@ const (
 	nfgenHdrLen        = 4
 	// maxListBytes keeps one element list under the 64 KiB attribute limit.
 	maxListBytes = 60000
-	// chunkBytes is the size at which a finished message seals a chunk.
-	chunkBytes = 1 << 20
 )
 
 // newNLBatch starts a batch; sizeHint is the expected number of bytes.
 func newNLBatch(fam byte, table string, sizeHint int) *nlBatch {
-	return startNLBatch(&nlBatch{fam: fam, table: table, buf: make([]byte, 0, min(sizeHint, chunkCap))})
+	return startNLBatch(&nlBatch{fam: fam, table: table, buf: make([]byte, 0, min(sizeHint, nfnl.ChunkCap))})
 }
 
 // newPooledNLBatch starts a batch whose chunks come from pool.
-func newPooledNLBatch(fam byte, table string, pool *chunkPool) *nlBatch {
-	return startNLBatch(&nlBatch{fam: fam, table: table, buf: pool.get(), pool: pool})
+func newPooledNLBatch(fam byte, table string, pool *nfnl.Pool) *nlBatch {
+	return startNLBatch(&nlBatch{fam: fam, table: table, buf: pool.Get(), pool: pool})
 }
 
 func startNLBatch(b *nlBatch) *nlBatch {
@@ -128,9 +89,9 @@ func (b *nlBatch) header(typ uint16, flags uint16, fam byte) int {
 
 func (b *nlBatch) finish(start int) {
 	binary.NativeEndian.PutUint32(b.buf[start:], uint32(len(b.buf)-start))
-	if len(b.buf) >= chunkBytes {
+	if len(b.buf) >= nfnl.ChunkBytes {
 		b.chunks = append(b.chunks, b.buf)
-		b.buf = b.pool.get()
+		b.buf = b.pool.Get()
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kproxy/kproxy/internal/dataplane"
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/nfnl"
 )
 
 // nlKernel is the real kernel: every read and every transaction goes over
@@ -60,7 +61,7 @@ func (k *nlKernel) ApplyStages(_ context.Context, stages <-chan func() opList) e
 	}
 	next := make(chan encoded)
 	stop := make(chan struct{})
-	pool := &chunkPool{}
+	pool := &nfnl.Pool{}
 	defer close(stop)
 	go func() {
 		defer close(next)
