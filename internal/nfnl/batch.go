@@ -299,26 +299,37 @@ func ReadAck(fd int, ackSeq uint32, describe func(seq uint32) string) error {
 		if err != nil {
 			return errors.Join(append(errs, fmt.Errorf("reading netlink replies: %w", err))...)
 		}
-		for msgs := rb[:n]; len(msgs) >= nlmsgHdrLen; {
-			l := int(binary.NativeEndian.Uint32(msgs))
-			if l < nlmsgHdrLen || l > len(msgs) {
-				break
-			}
-			m := msgs[:l]
-			msgs = msgs[min((l+3)&^3, len(msgs)):]
+		done := eachMsg(rb[:n], func(m []byte) bool {
 			if binary.NativeEndian.Uint16(m[4:]) != unix.NLMSG_ERROR || len(m) < nlmsgHdrLen+4 {
-				continue
+				return false
 			}
 			seq := binary.NativeEndian.Uint32(m[8:])
 			if errno := -int32(binary.NativeEndian.Uint32(m[nlmsgHdrLen:])); errno != 0 {
 				errs = append(errs, &Error{Errno: syscall.Errno(errno), What: describe(seq), Msg: extAckMsg(m)})
 			}
-			if seq == ackSeq {
-				return errors.Join(errs...)
-			}
+			return seq == ackSeq
+		})
+		if done {
+			return errors.Join(errs...)
 		}
 	}
 	return errors.New("no acknowledgement of the netlink batch")
+}
+
+// eachMsg calls fn for every whole netlink message in buf until fn
+// returns true, and reports whether it did.
+func eachMsg(buf []byte, fn func(m []byte) bool) bool {
+	for len(buf) >= nlmsgHdrLen {
+		l := int(binary.NativeEndian.Uint32(buf))
+		if l < nlmsgHdrLen || l > len(buf) {
+			return false
+		}
+		if fn(buf[:l]) {
+			return true
+		}
+		buf = buf[min((l+3)&^3, len(buf)):]
+	}
+	return false
 }
 
 // extAckMsg returns NLMSGERR_ATTR_MSG of an error reply sent with

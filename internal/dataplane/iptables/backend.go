@@ -9,8 +9,10 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
 
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/nfnl"
 )
 
 // Backend is the iptables flavour: the nf_tables-based one or legacy
@@ -51,17 +53,45 @@ var kubeletHints = []string{"KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"}
 //
 // Both families count. A program or module that is missing reads as empty.
 func DetectBackend(ctx context.Context, ex Exec) Backend {
-	if hasKubeletHint(saveAll(ctx, ex, BackendNFT, tableMangle)) {
+	if nftKubeletHint(ctx, ex) {
 		return BackendNFT
 	}
 	legacy := saveAll(ctx, ex, BackendLegacy, "")
 	if hasKubeletHint(legacy) {
 		return BackendLegacy
 	}
-	if countRules(legacy) > countRules(saveAll(ctx, ex, BackendNFT, "")) {
+	// (With no legacy rules nf_tables wins whatever it holds: no need to
+	// read it all, seconds on a loaded node.)
+	if n := countRules(legacy); n > 0 && n > countRules(saveAll(ctx, ex, BackendNFT, "")) {
 		return BackendLegacy
 	}
 	return BackendNFT
+}
+
+// nftKubeletHint tells whether kubelet's hint chains are in the nf_tables
+// mangle tables: chain names over netlink where the Exec can reach the
+// namespace (iptables-nft-save -t mangle reads the whole ruleset: ~3 s
+// on a node with 10k Services loaded).
+func nftKubeletHint(ctx context.Context, ex Exec) bool {
+	run, ok := ex.(nsRunner)
+	if !ok {
+		return hasKubeletHint(saveAll(ctx, ex, BackendNFT, tableMangle))
+	}
+	found := false
+	err := run.InNamespace(func() error {
+		for _, fam := range []byte{unix.NFPROTO_IPV4, unix.NFPROTO_IPV6} {
+			names, err := nfnl.ChainNames(fam, tableMangle)
+			if err != nil {
+				return err
+			}
+			found = found || slices.ContainsFunc(names, func(n string) bool { return slices.Contains(kubeletHints, n) })
+		}
+		return nil
+	})
+	if err != nil {
+		return hasKubeletHint(saveAll(ctx, ex, BackendNFT, tableMangle))
+	}
+	return found
 }
 
 func hasKubeletHint(save string) bool {

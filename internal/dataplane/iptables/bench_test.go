@@ -172,7 +172,15 @@ func measureScale(t *testing.T, b Backend, n int) {
 		}
 		lat = append(lat, time.Since(s))
 	}
-	s := time.Now()
+	// A restart: a new proxier's first (full) sync over the loaded table.
+	p2, _ := New(labConfig(), WithExec(ex), WithSysctl(ExecSysctl{Exec: ex}), WithBackend(b))
+	s, ru1 := time.Now(), childCPU()
+	if err := p2.Sync(ctx, snap, dataplane.SyncRequest{Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	restart, restartCPU := time.Since(s), childCPU().sub(ru1)
+	t.Logf("restart: full sync over the loaded table %v, child CPU %s", restart.Round(time.Millisecond), restartCPU)
+	s = time.Now()
 	if d, err := p.Drifted(ctx); d || err != nil {
 		t.Fatalf("drifted: %v %v", d, err)
 	}

@@ -38,11 +38,7 @@ var errNotNetlink = errors.New("not expressible as a netlink batch")
 // encodeSections writes the sections (in restore order) into one batch
 // whose chunks come from pool (nil: fresh ones).
 func encodeSections(fam model.Family, ws []*tableWrite, pool *nfnl.Pool) (*nfnl.Batch, error) {
-	nf := byte(unix.NFPROTO_IPV4)
-	if fam == model.IPv6 {
-		nf = unix.NFPROTO_IPV6
-	}
-	b := nfnl.NewBatch(nf, pool)
+	b := nfnl.NewBatch(nfproto(fam), pool)
 	tables := map[string]bool{}
 	for _, w := range ws {
 		if w.empty() {
@@ -86,6 +82,13 @@ func encodeSections(fam model.Family, ws []*tableWrite, pool *nfnl.Pool) (*nfnl.
 		}
 	}
 	return b, nil
+}
+
+func nfproto(fam model.Family) byte {
+	if fam == model.IPv6 {
+		return unix.NFPROTO_IPV6
+	}
+	return unix.NFPROTO_IPV4
 }
 
 // declareChain is iptables-restore's ":NAME - [0:0]": create the chain if

@@ -12,9 +12,10 @@ import (
 	"github.com/kproxy/kproxy/internal/model"
 )
 
-// TestPrivilegedNetlinkMatchesIPTables writes the same syncs once through
-// iptables-nft-restore and once over netlink, into two namespaces, and
-// requires the kernel to hold the same thing: the same iptables-save text
+// TestPrivilegedNetlinkMatchesIPTables writes the same syncs (a first full
+// sync, a partial one, a restart's full sync with a Service gone) once
+// through iptables-nft-restore and iptables-save and once over netlink,
+// into two namespaces, and requires the kernel to hold the same thing: the same iptables-save text
 // (what operators and upstream's kube-proxy read back) and the same
 // nf_tables expressions.
 func TestPrivilegedNetlinkMatchesIPTables(t *testing.T) {
@@ -69,6 +70,16 @@ func TestPrivilegedNetlinkMatchesIPTables(t *testing.T) {
 				}
 				if nl, rs := p.writes.netlink.Load(), p.writes.restore.Load(); viaNetlink && (nl < 2 || rs != 0) || !viaNetlink && nl != 0 {
 					t.Fatalf("netlink=%v: %d netlink writes, %d iptables-restore runs", viaNetlink, nl, rs)
+				}
+				// A restart that finds the table loaded, with one Service
+				// gone: its chains are stale, the jumps are already there.
+				p2, err := New(tc.cfg, opts...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				snap.V4.Ports = snap.V4.Ports[1:]
+				if err := p2.Sync(ctx, snap, dataplane.SyncRequest{Full: true}); err != nil {
+					t.Fatal(err)
 				}
 				dumps[i] = kernelDump(t, ex)
 			}

@@ -12,6 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
+
+	"github.com/kproxy/kproxy/internal/nfnl"
 )
 
 // This file reads the kernel with raw netlink dumps, decoding replies in
@@ -67,16 +69,7 @@ func (n *netlinkReader) dump(typ uint16, fill func(b *nlBatch), fn func(attrs []
 }
 
 // eachAttr calls fn for every attribute in b (type without flags).
-func eachAttr(b []byte, fn func(typ uint16, data []byte)) {
-	for len(b) >= 4 {
-		l := int(binary.NativeEndian.Uint16(b))
-		if l < 4 || l > len(b) {
-			return
-		}
-		fn(binary.NativeEndian.Uint16(b[2:])&^(unix.NLA_F_NESTED|unix.NLA_F_NET_BYTEORDER), b[4:l])
-		b = b[min((l+3)&^3, len(b)):]
-	}
-}
+func eachAttr(b []byte, fn func(typ uint16, data []byte)) { nfnl.EachAttr(b, fn) }
 
 // attr returns the data of the first attribute of type typ in b.
 func attr(b []byte, typ uint16) []byte {
