@@ -523,6 +523,34 @@ func (r *xtRule) encodeMatch(b *nfnl.Batch, m *xtModule) error {
 		b.Value(unix.NFTA_RANGE_FROM_DATA, binary.BigEndian.AppendUint16(nil, lo))
 		b.Value(unix.NFTA_RANGE_TO_DATA, binary.BigEndian.AppendUint16(nil, hi))
 		endExpr(b, e)
+	case "sctp":
+		// iptables-nft keeps SCTP ports in the xtables match
+		// (xt_sctp_info: dpts, spts, a 256-byte chunk map, the chunk
+		// match type, four flag infos, flag_count; flags at 284,
+		// invflags at 288).
+		lo, hi := uint16(0), uint16(0xffff)
+		var flags uint32
+		var inv uint32
+		for _, o := range m.opts {
+			if o.name != "--dport" {
+				return bad(o.name)
+			}
+			var err error
+			if lo, hi, err = portRange(o.value); err != nil {
+				return bad(o.value)
+			}
+			flags |= 0x02 // XT_SCTP_DEST_PORTS
+			if o.inv {
+				inv |= 0x02
+			}
+		}
+		xt(b, false, "sctp", 0, 296, func(p []byte) {
+			ne.PutUint16(p[0:], lo)
+			ne.PutUint16(p[2:], hi)
+			ne.PutUint16(p[6:], 0xffff) // source ports 0-65535
+			ne.PutUint32(p[284:], flags)
+			ne.PutUint32(p[288:], inv)
+		})
 	case "mark":
 		o, ok := m.opt("--mark")
 		if !ok || len(m.opts) != 1 {

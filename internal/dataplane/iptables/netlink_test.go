@@ -51,7 +51,7 @@ func TestEveryRenderedRuleTranslates(t *testing.T) {
 func TestUntranslatableRules(t *testing.T) {
 	for _, rule := range []string{
 		"-m multiport --dports 80,443 -j ACCEPT",
-		"-m sctp -p sctp --dport 80 -j ACCEPT",
+		"-m sctp -p sctp --sport 80 -j ACCEPT",
 		"-p icmp -j ACCEPT",
 		"-m tcp -p tcp --sport 80 -j ACCEPT",
 		"-j SNAT --to-source 198.18.0.1",
