@@ -304,10 +304,13 @@ func ReadAck(fd int, ackSeq uint32, describe func(seq uint32) string) error {
 				return false
 			}
 			seq := binary.NativeEndian.Uint32(m[8:])
-			if errno := -int32(binary.NativeEndian.Uint32(m[nlmsgHdrLen:])); errno != 0 {
+			errno := -int32(binary.NativeEndian.Uint32(m[nlmsgHdrLen:]))
+			if errno != 0 {
 				errs = append(errs, &Error{Errno: syscall.Errno(errno), What: describe(seq), Msg: extAckMsg(m)})
 			}
-			return seq == ackSeq
+			// An error about the batch-begin message (sequence 1) is the
+			// kernel refusing the whole batch: no further reply comes.
+			return seq == ackSeq || seq == 1 && errno != 0
 		})
 		if done {
 			return errors.Join(errs...)

@@ -13,7 +13,21 @@ import (
 // thread's network namespace, in the kernel's order, without their rules:
 // at 10k Services an iptables nat table has ~110k chains and 330k rules,
 // and `iptables-save` of it takes seconds. A missing table has no chains.
+// A dump that another writer interrupted (the kernel resumes dumps by
+// position) is taken again, a few times, then reported as an error.
 func ChainNames(fam byte, table string) ([]string, error) {
+	for range 4 {
+		names, err := chainNames(fam, table)
+		if !errors.Is(err, errInterrupted) {
+			return names, err
+		}
+	}
+	return nil, fmt.Errorf("listing the chains of %s: %w", table, errInterrupted)
+}
+
+var errInterrupted = errors.New("the dump was interrupted by a concurrent change")
+
+func chainNames(fam byte, table string) ([]string, error) {
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
 	if err != nil {
 		return nil, fmt.Errorf("opening netfilter netlink socket: %w", err)
@@ -33,6 +47,8 @@ func ChainNames(fam byte, table string) ([]string, error) {
 		return nil, fmt.Errorf("asking for the chains of %s: %w", table, err)
 	}
 	var names []string
+	seen := map[string]bool{}
+	interrupted := false
 	rb := make([]byte, 1<<20)
 	for range 1 << 24 {
 		n, _, err := unix.Recvfrom(fd, rb, 0)
@@ -41,6 +57,9 @@ func ChainNames(fam byte, table string) ([]string, error) {
 		}
 		var dumpErr error
 		done := eachMsg(rb[:n], func(m []byte) bool {
+			if binary.NativeEndian.Uint16(m[6:])&unix.NLM_F_DUMP_INTR != 0 {
+				interrupted = true
+			}
 			switch binary.NativeEndian.Uint16(m[4:]) {
 			case unix.NLMSG_DONE:
 				return true
@@ -70,12 +89,16 @@ func ChainNames(fam byte, table string) ([]string, error) {
 					name = cString(data)
 				}
 			})
-			if tbl == table && name != "" {
+			if tbl == table && name != "" && !seen[name] {
+				seen[name] = true
 				names = append(names, name)
 			}
 			return false
 		})
 		if done {
+			if dumpErr == nil && interrupted {
+				dumpErr = errInterrupted
+			}
 			return names, dumpErr
 		}
 	}

@@ -48,6 +48,8 @@ func (p *Proxier) restore(ctx context.Context, fam model.Family, ws ...*tableWri
 		}
 		logger := klog.FromContext(ctx)
 		switch {
+		case errors.Is(err, errJumpsAfterCommit):
+			return err // the rules are in; writing them again would not help
 		case errors.Is(err, errNotNetlink):
 			logger.V(4).Info("Writing with iptables-restore", "family", fam, "reason", err)
 		case errors.Is(err, unix.ENOENT):
@@ -110,11 +112,16 @@ func (p *Proxier) netlinkRestore(ctx context.Context, run nsRunner, fam model.Fa
 	_, err = p.exec.Run(ctx, []byte(text), p.backend.cmd(fam, "-restore"), "--noflush", "--wait")
 	if err != nil {
 		// The chains are written; only the jumps failed. Not a reason to
-		// write everything again with iptables-restore: report it.
-		return fmt.Errorf("adding jumps from built-in chains: %w", err)
+		// write everything again with iptables-restore: report it (the
+		// sync fails, and the next one is full).
+		return fmt.Errorf("%w: %w", errJumpsAfterCommit, err)
 	}
 	return nil
 }
+
+// errJumpsAfterCommit: the netlink transaction is in, the jumps from
+// built-in chains that follow it through iptables-restore are not.
+var errJumpsAfterCommit = errors.New("adding jumps from built-in chains")
 
 // save reads one table of the family.
 func (p *Proxier) save(ctx context.Context, fam model.Family, table string) (*savedTable, error) {

@@ -67,38 +67,47 @@ func (n NetnsExec) Run(ctx context.Context, stdin []byte, name string, args ...s
 	return e.Run(ctx, stdin, "ip", append([]string{"netns", "exec", n.Namespace, name}, args...)...)
 }
 
-// InNamespace runs fn on a locked thread inside the namespace.
+// InNamespace runs fn inside the namespace, on a goroutine of its own
+// whose OS thread is locked there and returned to the original namespace
+// afterwards; when that return fails, the goroutine ends with the thread
+// still locked, and the runtime discards the thread.
 func (n NetnsExec) InNamespace(fn func() error) error {
 	if n.Exec != nil {
 		if _, ok := n.Exec.(OSExec); !ok {
 			return fmt.Errorf("%w: exec through %T", errNotNetlink, n.Exec)
 		}
 	}
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- err
+			return
+		}
+		defer orig.Close()
+		target, err := netns.GetFromName(n.Namespace)
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- err
+			return
+		}
+		defer target.Close()
+		if err := netns.Set(target); err != nil {
+			runtime.UnlockOSThread()
+			done <- err
+			return
+		}
+		fnErr := fn()
+		if err := netns.Set(orig); err != nil {
+			done <- errors.Join(fnErr, err) // the thread stays locked and dies
+			return
+		}
 		runtime.UnlockOSThread()
-		return err
-	}
-	defer orig.Close()
-	target, err := netns.GetFromName(n.Namespace)
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer target.Close()
-	if err := netns.Set(target); err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	fnErr := fn()
-	if err := netns.Set(orig); err != nil {
-		// The thread stays locked and dies with its goroutine: it is in
-		// the wrong namespace.
-		return errors.Join(fnErr, err)
-	}
-	runtime.UnlockOSThread()
-	return fnErr
+		done <- fnErr
+	}()
+	return <-done
 }
 
 // Sysctl reads and writes kernel parameters ("net/ipv4/conf/all/route_localnet").

@@ -192,7 +192,10 @@ func parseRule(fam model.Family, rule string) (*xtRule, error) {
 		case "-s", "-d":
 			if v, err = arg(); err == nil {
 				var a, m []byte
-				if a, m, err = parseAddr(fam, v); err == nil {
+				if a, m, err = parseAddr(fam, v); err == nil && inv && allZero(m) {
+					err = fmt.Errorf("%w: ! %s %s matches nothing", errNotNetlink, t, v)
+				}
+				if err == nil {
 					if t == "-s" {
 						r.src, r.srcMask, r.srcInv = a, m, inv
 					} else {
@@ -345,10 +348,12 @@ func (r *xtRule) encode(b *nfnl.Batch) error {
 	if r.v6 {
 		srcOff, dstOff = 8, 24
 	}
-	if r.src != nil {
+	// An address with an all-zero mask matches everything: iptables-nft
+	// writes nothing for it (parseRule refuses the inverted form).
+	if r.src != nil && !allZero(r.srcMask) {
 		nlAddr(b, srcOff, r.src, r.srcMask, r.srcInv)
 	}
-	if r.dst != nil {
+	if r.dst != nil && !allZero(r.dstMask) {
 		nlAddr(b, dstOff, r.dst, r.dstMask, r.dstInv)
 	}
 	for _, m := range r.matches {
@@ -446,6 +451,15 @@ func ifname(b *nfnl.Batch, key uint32, name string, inv bool) {
 	cmp(b, inv, append([]byte(name), 0))
 }
 
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // nlAddr loads only the whole-0xff prefix bytes of the mask when the
 // rest is zero, and masks with bitwise otherwise (as iptables-nft does).
 func nlAddr(b *nfnl.Batch, off uint32, addr, mask []byte, inv bool) {
@@ -528,7 +542,7 @@ func (r *xtRule) encodeMatch(b *nfnl.Batch, m *xtModule) error {
 		// (xt_sctp_info: dpts, spts, a 256-byte chunk map, the chunk
 		// match type, four flag infos, flag_count; flags at 284,
 		// invflags at 288).
-		lo, hi := uint16(0), uint16(0xffff)
+		var lo, hi uint16
 		var flags uint32
 		var inv uint32
 		for _, o := range m.opts {
@@ -547,7 +561,9 @@ func (r *xtRule) encodeMatch(b *nfnl.Batch, m *xtModule) error {
 		xt(b, false, "sctp", 0, 296, func(p []byte) {
 			ne.PutUint16(p[0:], lo)
 			ne.PutUint16(p[2:], hi)
-			ne.PutUint16(p[6:], 0xffff) // source ports 0-65535
+			for i := range 4 {
+				p[268+3*i] = 0xff // flag_info[i].chunktype: none
+			}
 			ne.PutUint32(p[284:], flags)
 			ne.PutUint32(p[288:], inv)
 		})
@@ -746,17 +762,24 @@ func (r *xtRule) encodeTarget(b *nfnl.Batch, t *xtModule) error {
 			ne.PutUint32(p[4:], flags)
 		})
 	case "REJECT":
-		o, ok := t.opt("--reject-with")
-		if !ok || len(t.opts) != 1 {
+		// Without --reject-with, iptables rejects with port unreachable.
+		with := "icmp-port-unreachable"
+		if r.v6 {
+			with = "icmp6-port-unreachable"
+		}
+		if o, ok := t.opt("--reject-with"); ok {
+			with = o.value
+		}
+		if len(t.opts) > 1 || len(t.opts) == 1 && t.opts[0].name != "--reject-with" {
 			return bad("options")
 		}
 		codes := rejectV4
 		if r.v6 {
 			codes = rejectV6
 		}
-		code, ok := codes[o.value]
+		code, ok := codes[with]
 		if !ok {
-			return bad(o.value)
+			return bad(with)
 		}
 		xt(b, true, "REJECT", 0, 8, func(p []byte) { ne.PutUint32(p[0:], code) })
 	default:

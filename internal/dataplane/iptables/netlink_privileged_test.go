@@ -55,7 +55,8 @@ func TestPrivilegedNetlinkMatchesIPTables(t *testing.T) {
 				snap := featureSnapshot()
 				sctp := dptest.Svc("ns", "sctp", "198.19.0.77", 9999, dptest.WithProto(model.SCTP), dptest.WithNodePort(30077),
 					dptest.WithEPs(dptest.EP("198.18.65.12", 9999, true), dptest.EP("198.18.65.13", 9999, true)))
-				snap = dptest.Snapshot(append(append(snap.V4.Ports, snap.V6.Ports...), sctp)...)
+				udpEmpty := dptest.Svc("ns", "udp-empty", "198.19.0.78", 53, dptest.WithProto(model.UDP))
+				snap = dptest.Snapshot(append(append(snap.V4.Ports, snap.V6.Ports...), sctp, udpEmpty)...)
 				if err := p.Sync(ctx, snap, dataplane.SyncRequest{Full: true}); err != nil {
 					t.Fatal(err)
 				}

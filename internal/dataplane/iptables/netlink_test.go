@@ -29,6 +29,9 @@ func TestEveryRenderedRuleTranslates(t *testing.T) {
 			t.Fatal(err)
 		}
 		snap := featureSnapshot()
+		// A UDP Service without endpoints: a bare "-j REJECT".
+		snap = dptest.Snapshot(append(append(snap.V4.Ports, snap.V6.Ports...),
+			dptest.Svc("ns", "udp-empty", "198.19.0.78", 53, dptest.WithProto(model.UDP)))...)
 		for _, fam := range cfg.Families {
 			rs := Render(p.params(), snap.Family(fam), snap.Node)
 			rules := 0
@@ -63,6 +66,7 @@ func TestUntranslatableRules(t *testing.T) {
 		"-j DNAT --to-destination 198.18.0.1",
 		"-g ACCEPT",
 		"--dport 80",
+		"! -s 0.0.0.0/0 -j ACCEPT",
 	} {
 		w := &tableWrite{table: tableNAT, chains: []*Chain{{Name: "KUBE-TEST", Rules: []string{rule}}}}
 		if _, err := encodeSections(model.IPv4, []*tableWrite{w}, nil); !errors.Is(err, errNotNetlink) {
@@ -72,6 +76,20 @@ func TestUntranslatableRules(t *testing.T) {
 	w := &tableWrite{table: tableNAT, delRules: []string{"PREROUTING -j KUBE-SERVICES"}}
 	if _, err := encodeSections(model.IPv4, []*tableWrite{w}, nil); !errors.Is(err, errNotNetlink) {
 		t.Errorf("rule deletion: got %v, want errNotNetlink", err)
+	}
+}
+
+func TestAllAddressesEncodeNothing(t *testing.T) {
+	one := func(rule string) int {
+		w := &tableWrite{table: tableNAT, chains: []*Chain{{Name: "KUBE-TEST", Rules: []string{rule}}}}
+		b, err := encodeSections(model.IPv4, []*tableWrite{w}, nil)
+		if err != nil {
+			t.Fatalf("%q: %v", rule, err)
+		}
+		return b.Len()
+	}
+	if a, b := one("-s 0.0.0.0/0 -j ACCEPT"), one("-j ACCEPT"); a != b {
+		t.Errorf("-s 0.0.0.0/0 encoded %d bytes, a rule without it %d", a, b)
 	}
 }
 
