@@ -122,14 +122,20 @@ func (b *Batch) Empty() bool { return !b.hasMsg }
 
 func (b *Batch) header(typ uint16, flags uint16, fam byte) int {
 	start := len(b.buf)
-	b.buf = binary.NativeEndian.AppendUint32(b.buf, 0)
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, typ)
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, flags)
-	b.buf = binary.NativeEndian.AppendUint32(b.buf, b.seq)
-	b.buf = binary.NativeEndian.AppendUint32(b.buf, 0)
-	b.buf = append(b.buf, fam, 0, 0, 0)
+	b.buf = AppendHeader(b.buf, typ, flags, b.seq, fam)
 	b.seq++
 	return start
+}
+
+// AppendHeader appends a netlink header (length 0, to be filled in when the
+// message is complete) and an nfgenmsg header of family fam.
+func AppendHeader(buf []byte, typ, flags uint16, seq uint32, fam byte) []byte {
+	buf = binary.NativeEndian.AppendUint32(buf, 0)
+	buf = binary.NativeEndian.AppendUint16(buf, typ)
+	buf = binary.NativeEndian.AppendUint16(buf, flags)
+	buf = binary.NativeEndian.AppendUint32(buf, seq)
+	buf = binary.NativeEndian.AppendUint32(buf, 0)
+	return append(buf, fam, 0, 0, 0)
 }
 
 // Msg starts an nf_tables message of type typ (unix.NFT_MSG_*); what
@@ -152,33 +158,41 @@ func (b *Batch) Finish(start int) {
 }
 
 // Attr appends one attribute, padded to 4 bytes.
-func (b *Batch) Attr(typ uint16, data []byte) {
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, uint16(4+len(data)))
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, typ)
-	b.buf = append(b.buf, data...)
-	b.pad()
-}
-
-func (b *Batch) pad() {
-	for len(b.buf)%4 != 0 {
-		b.buf = append(b.buf, 0)
-	}
-}
+func (b *Batch) Attr(typ uint16, data []byte) { b.buf = AppendAttr(b.buf, typ, data) }
 
 // AttrBE32 appends a big-endian 32-bit attribute.
-func (b *Batch) AttrBE32(typ uint16, v uint32) {
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, 8)
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, typ)
-	b.buf = binary.BigEndian.AppendUint32(b.buf, v)
-}
+func (b *Batch) AttrBE32(typ uint16, v uint32) { b.buf = AppendAttrBE32(b.buf, typ, v) }
 
 // AttrStr appends a NUL-terminated string attribute.
-func (b *Batch) AttrStr(typ uint16, s string) {
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, uint16(4+len(s)+1))
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, typ)
-	b.buf = append(b.buf, s...)
-	b.buf = append(b.buf, 0)
-	b.pad()
+func (b *Batch) AttrStr(typ uint16, s string) { b.buf = AppendAttrStr(b.buf, typ, s) }
+
+// AppendAttr appends one attribute to buf, padded to 4 bytes.
+func AppendAttr(buf []byte, typ uint16, data []byte) []byte {
+	buf = binary.NativeEndian.AppendUint16(buf, uint16(4+len(data)))
+	buf = binary.NativeEndian.AppendUint16(buf, typ)
+	return pad(append(buf, data...))
+}
+
+// AppendAttrBE32 appends a big-endian 32-bit attribute to buf.
+func AppendAttrBE32(buf []byte, typ uint16, v uint32) []byte {
+	buf = binary.NativeEndian.AppendUint16(buf, 8)
+	buf = binary.NativeEndian.AppendUint16(buf, typ)
+	return binary.BigEndian.AppendUint32(buf, v)
+}
+
+// AppendAttrStr appends a NUL-terminated string attribute to buf.
+func AppendAttrStr(buf []byte, typ uint16, s string) []byte {
+	buf = binary.NativeEndian.AppendUint16(buf, uint16(4+len(s)+1))
+	buf = binary.NativeEndian.AppendUint16(buf, typ)
+	buf = append(buf, s...)
+	return pad(append(buf, 0))
+}
+
+func pad(buf []byte) []byte {
+	for len(buf)%4 != 0 {
+		buf = append(buf, 0)
+	}
+	return buf
 }
 
 // AttrZero appends an attribute of n zero bytes whose first bytes are
@@ -191,7 +205,7 @@ func (b *Batch) AttrZero(typ uint16, n int, data func(p []byte)) {
 	if data != nil {
 		data(b.buf[start : start+n])
 	}
-	b.pad()
+	b.buf = pad(b.buf)
 }
 
 // Value appends a nested attribute typ holding NFTA_DATA_VALUE data.
@@ -203,15 +217,26 @@ func (b *Batch) Value(typ uint16, data []byte) {
 
 // Nest opens a nested attribute; close it with End.
 func (b *Batch) Nest(typ uint16) int {
-	start := len(b.buf)
-	b.buf = append(b.buf, 0, 0, 0, 0)
-	binary.NativeEndian.PutUint16(b.buf[start+2:], typ|unix.NLA_F_NESTED)
+	var start int
+	b.buf, start = AppendNest(b.buf, typ)
 	return start
 }
 
 // End closes the nested attribute opened at start.
-func (b *Batch) End(start int) {
-	binary.NativeEndian.PutUint16(b.buf[start:], uint16(len(b.buf)-start))
+func (b *Batch) End(start int) { EndNest(b.buf, start) }
+
+// AppendNest opens a nested attribute in buf at the returned offset;
+// close it with EndNest.
+func AppendNest(buf []byte, typ uint16) ([]byte, int) {
+	start := len(buf)
+	buf = append(buf, 0, 0, 0, 0)
+	binary.NativeEndian.PutUint16(buf[start+2:], typ|unix.NLA_F_NESTED)
+	return buf, start
+}
+
+// EndNest writes the length of the nested attribute opened at start.
+func EndNest(buf []byte, start int) {
+	binary.NativeEndian.PutUint16(buf[start:], uint16(len(buf)-start))
 }
 
 // Error is the kernel's rejection of one message of a batch.
@@ -250,30 +275,59 @@ func (b *Batch) Send() error {
 	end := b.header(unix.NFNL_MSG_BATCH_END, unix.NLM_F_REQUEST, unix.AF_UNSPEC)
 	binary.BigEndian.PutUint16(b.buf[len(b.buf)-2:], subsysNFTables)
 	binary.NativeEndian.PutUint32(b.buf[end:], uint32(len(b.buf)-end))
-	bufs := append(b.chunks, b.buf)
-	size := b.Len()
+	return Transmit(append(b.chunks, b.buf), ackSeq, b.describe, nil)
+}
 
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+// Transmit sends the parts of a closed batch (ackSeq: the sequence number
+// of its message that asks for the acknowledgement) in one sendmsg on a
+// new socket of the calling thread's network namespace, and waits for the
+// kernel's verdict; opened, when set, sees the socket first.
+func Transmit(parts [][]byte, ackSeq uint32, describe func(seq uint32) string, opened func(fd int)) error {
+	size := 0
+	for _, p := range parts {
+		size += len(p)
+	}
+	fd, err := OpenSocket(size)
 	if err != nil {
-		return fmt.Errorf("opening netfilter netlink socket: %w", err)
+		return err
 	}
 	defer unix.Close(fd)
-	// The kernel takes a batch only whole, in one message.
-	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, size+64<<10); err != nil {
-		return fmt.Errorf("sizing netlink send buffer to %d bytes: %w", size, err)
+	if opened != nil {
+		opened(fd)
 	}
-	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4<<20)
-	_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_CAP_ACK, 1)
-	_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_EXT_ACK, 1)
-	tv := unix.Timeval{Sec: 60}
-	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return fmt.Errorf("binding netlink socket: %w", err)
-	}
-	if _, err := unix.SendmsgBuffers(fd, bufs, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0); err != nil {
+	if _, err := unix.SendmsgBuffers(fd, parts, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0); err != nil {
 		return fmt.Errorf("sending netlink batch of %d bytes: %w", size, err)
 	}
-	return ReadAck(fd, ackSeq, b.describe)
+	return ReadAck(fd, ackSeq, describe)
+}
+
+// OpenSocket opens a netfilter netlink socket able to take a batch of size
+// bytes in one message (the kernel takes a batch only whole), with
+// extended acks and a 30 s receive timeout.
+func OpenSocket(size int) (int, error) {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+	if err != nil {
+		return -1, fmt.Errorf("opening netfilter netlink socket: %w", err)
+	}
+	opts := []struct{ level, opt, val int }{
+		{unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, size + 64<<10},
+		{unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4 << 20},
+		{unix.SOL_NETLINK, unix.NETLINK_CAP_ACK, 1},
+		{unix.SOL_NETLINK, unix.NETLINK_EXT_ACK, 1},
+	}
+	for _, o := range opts {
+		if err := unix.SetsockoptInt(fd, o.level, o.opt, o.val); err != nil && o.opt == unix.SO_SNDBUFFORCE {
+			unix.Close(fd)
+			return -1, fmt.Errorf("sizing netlink send buffer to %d bytes: %w", o.val, err)
+		}
+	}
+	tv := unix.Timeval{Sec: 30}
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("binding netlink socket: %w", err)
+	}
+	return fd, nil
 }
 
 func (b *Batch) release() {

@@ -28,17 +28,11 @@ func ChainNames(fam byte, table string) ([]string, error) {
 var errInterrupted = errors.New("the dump was interrupted by a concurrent change")
 
 func chainNames(fam byte, table string) ([]string, error) {
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+	fd, err := OpenSocket(0)
 	if err != nil {
-		return nil, fmt.Errorf("opening netfilter netlink socket: %w", err)
+		return nil, err
 	}
 	defer unix.Close(fd)
-	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4<<20)
-	tv := unix.Timeval{Sec: 30}
-	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return nil, fmt.Errorf("binding netlink socket: %w", err)
-	}
 	b := &Batch{fam: fam, seq: 1}
 	start := b.header(subsysNFTables<<8|unix.NFT_MSG_GETCHAIN, unix.NLM_F_REQUEST|unix.NLM_F_DUMP, fam)
 	b.AttrStr(unix.NFTA_CHAIN_TABLE, table)

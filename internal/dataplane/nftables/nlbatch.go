@@ -77,12 +77,7 @@ func startNLBatch(b *nlBatch) *nlBatch {
 // header appends a netlink and nfgenmsg header; finish fills in its length.
 func (b *nlBatch) header(typ uint16, flags uint16, fam byte) int {
 	start := len(b.buf)
-	b.buf = binary.NativeEndian.AppendUint32(b.buf, 0)
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, typ)
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, flags)
-	b.buf = binary.NativeEndian.AppendUint32(b.buf, b.seq)
-	b.buf = binary.NativeEndian.AppendUint32(b.buf, 0)
-	b.buf = append(b.buf, fam, 0, 0, 0)
+	b.buf = nfnl.AppendHeader(b.buf, typ, flags, b.seq, fam)
 	b.seq++
 	return start
 }
@@ -143,37 +138,13 @@ func describeMsg(m []byte) string {
 }
 
 // attr appends one attribute, padded to 4 bytes.
-func (b *nlBatch) attr(typ uint16, data []byte) {
-	b.buf = appendAttr(b.buf, typ, data)
-}
-
-func appendAttr(buf []byte, typ uint16, data []byte) []byte {
-	buf = binary.NativeEndian.AppendUint16(buf, uint16(4+len(data)))
-	buf = binary.NativeEndian.AppendUint16(buf, typ)
-	buf = append(buf, data...)
-	for len(buf)%4 != 0 {
-		buf = append(buf, 0)
-	}
-	return buf
-}
+func (b *nlBatch) attr(typ uint16, data []byte) { b.buf = nfnl.AppendAttr(b.buf, typ, data) }
 
 // attrU32 appends a big-endian 32-bit attribute.
-func (b *nlBatch) attrU32(typ uint16, v uint32) {
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, 8)
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, typ)
-	b.buf = binary.BigEndian.AppendUint32(b.buf, v)
-}
+func (b *nlBatch) attrU32(typ uint16, v uint32) { b.buf = nfnl.AppendAttrBE32(b.buf, typ, v) }
 
 // attrStr appends a NUL-terminated string attribute, padded.
-func (b *nlBatch) attrStr(typ uint16, s string) {
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, uint16(4+len(s)+1))
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, typ)
-	b.buf = append(b.buf, s...)
-	b.buf = append(b.buf, 0)
-	for len(b.buf)%4 != 0 {
-		b.buf = append(b.buf, 0)
-	}
-}
+func (b *nlBatch) attrStr(typ uint16, s string) { b.buf = nfnl.AppendAttrStr(b.buf, typ, s) }
 
 // value appends a nested NFTA_DATA_VALUE holding data.
 func (b *nlBatch) value(typ uint16, data []byte) {
@@ -184,15 +155,12 @@ func (b *nlBatch) value(typ uint16, data []byte) {
 
 // nest opens a nested attribute; close it with end.
 func (b *nlBatch) nest(typ uint16) int {
-	start := len(b.buf)
-	b.buf = append(b.buf, 0, 0, 0, 0)
-	binary.NativeEndian.PutUint16(b.buf[start+2:], typ|unix.NLA_F_NESTED)
+	var start int
+	b.buf, start = nfnl.AppendNest(b.buf, typ)
 	return start
 }
 
-func (b *nlBatch) end(start int) {
-	binary.NativeEndian.PutUint16(b.buf[start:], uint16(len(b.buf)-start))
-}
+func (b *nlBatch) end(start int) { nfnl.EndNest(b.buf, start) }
 
 func be32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
 
@@ -225,48 +193,7 @@ func (b *nlBatch) send() error {
 	if empty {
 		return nil
 	}
-	size := 0
-	for _, p := range bufs {
-		size += len(p)
-	}
-	fd, err := openNFNetlink(size)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	recordOwnPort(fd)
-	if _, err := unix.SendmsgBuffers(fd, bufs, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0); err != nil {
-		return fmt.Errorf("sending netlink batch of %d bytes: %w", size, err)
-	}
-	return b.waitAck(fd, ackSeq)
-}
-
-// openNFNetlink opens a netfilter netlink socket able to take a batch of
-// size bytes in one message (the kernel takes a batch only whole).
-func openNFNetlink(size int) (int, error) {
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
-	if err != nil {
-		return -1, fmt.Errorf("opening netfilter netlink socket: %w", err)
-	}
-	opts := []struct{ level, opt, val int }{
-		{unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, size + 64<<10},
-		{unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4 << 20},
-		{unix.SOL_NETLINK, unix.NETLINK_CAP_ACK, 1},
-		{unix.SOL_NETLINK, unix.NETLINK_EXT_ACK, 1},
-	}
-	for _, o := range opts {
-		if err := unix.SetsockoptInt(fd, o.level, o.opt, o.val); err != nil && o.opt == unix.SO_SNDBUFFORCE {
-			unix.Close(fd)
-			return -1, fmt.Errorf("sizing netlink send buffer to %d bytes: %w", o.val, err)
-		}
-	}
-	tv := unix.Timeval{Sec: 30}
-	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		unix.Close(fd)
-		return -1, fmt.Errorf("binding netlink socket: %w", err)
-	}
-	return fd, nil
+	return nfnl.Transmit(bufs, ackSeq, b.describe, recordOwnPort)
 }
 
 // waitAck reads replies until the acknowledgement of ackSeq; any error
@@ -278,7 +205,7 @@ func (b *nlBatch) waitAck(fd int, ackSeq uint32) error {
 // rulesetGeneration returns the kernel's nftables generation number, which
 // every committed transaction (of anyone) increments.
 func rulesetGeneration() (uint32, error) {
-	fd, err := openNFNetlink(0)
+	fd, err := nfnl.OpenSocket(0)
 	if err != nil {
 		return 0, err
 	}

@@ -24,7 +24,7 @@ import (
 // dump sends one dump request (attrs written by fill) and calls fn with
 // the attributes of every reply message.
 func (n *netlinkReader) dump(typ uint16, fill func(b *nlBatch), fn func(attrs []byte) error) error {
-	fd, err := openNFNetlink(0)
+	fd, err := nfnl.OpenSocket(0)
 	if err != nil {
 		return err
 	}

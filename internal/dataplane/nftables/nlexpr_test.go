@@ -11,6 +11,7 @@ import (
 
 	"github.com/kproxy/kproxy/internal/dataplane/dptest"
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/nfnl"
 )
 
 // marshalled is e as google/nftables encodes it in a rule's expression list.
@@ -19,7 +20,7 @@ func marshalled(fam byte, e expr.Any) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return appendAttr(nil, unix.NFTA_LIST_ELEM|unix.NLA_F_NESTED, data), nil
+	return nfnl.AppendAttr(nil, unix.NFTA_LIST_ELEM|unix.NLA_F_NESTED, data), nil
 }
 
 // appended is e as appendExpr writes it.
