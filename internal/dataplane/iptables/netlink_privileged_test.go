@@ -19,28 +19,7 @@ import (
 // (what operators and upstream's kube-proxy read back) and the same
 // nf_tables expressions.
 func TestPrivilegedNetlinkMatchesIPTables(t *testing.T) {
-	dual := dptest.Config()
-	dual.Families = []model.Family{model.IPv4, model.IPv6}
-	dual.NodeIPs = nil
-	masqAll := labConfig()
-	masqAll.MasqueradeAll = true
-	masqAll.NodePortAddresses = []string{"198.18.0.2/32", "127.0.0.0/8"}
-	bridge := labConfig()
-	bridge.LocalMode = dataplane.LocalBridgeInterface
-	bridge.BridgeInterface = "cbr0"
-	prefix := labConfig()
-	prefix.LocalMode = dataplane.LocalInterfacePrefix
-	prefix.InterfacePrefix = "veth"
-	for _, tc := range []struct {
-		name string
-		cfg  dataplane.Config
-		opts []Option
-	}{
-		{"features", dual, nil},
-		{"masquerade-all", masqAll, nil},
-		{"bridge-no-localhost", bridge, []Option{WithLocalhostNodePorts(false)}},
-		{"interface-prefix", prefix, nil},
-	} {
+	for _, tc := range configVariants(labConfig) {
 		t.Run(tc.name, func(t *testing.T) {
 			var dumps [2]string
 			for i, viaNetlink := range []bool{false, true} {

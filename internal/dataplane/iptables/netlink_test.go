@@ -4,7 +4,6 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/kproxy/kproxy/internal/dataplane"
 	"github.com/kproxy/kproxy/internal/dataplane/dptest"
 	"github.com/kproxy/kproxy/internal/model"
 )
@@ -12,19 +11,9 @@ import (
 // Every rule render writes must translate: a rule that does not would send
 // whole syncs back to iptables-restore without anyone noticing.
 func TestEveryRenderedRuleTranslates(t *testing.T) {
-	dual := dptest.Config()
-	dual.Families = []model.Family{model.IPv4, model.IPv6}
-	masqAll := dptest.Config()
-	masqAll.MasqueradeAll = true
-	masqAll.NodePortAddresses = []string{"198.18.0.2/32", "127.0.0.0/8"}
-	bridge := dptest.Config()
-	bridge.LocalMode = dataplane.LocalBridgeInterface
-	bridge.BridgeInterface = "cbr0"
-	prefix := dptest.Config()
-	prefix.LocalMode = dataplane.LocalInterfacePrefix
-	prefix.InterfacePrefix = "veth"
-	for name, cfg := range map[string]dataplane.Config{"dual": dual, "masquerade-all": masqAll, "bridge": bridge, "prefix": prefix} {
-		p, err := New(cfg)
+	for _, v := range configVariants(dptest.Config) {
+		name, cfg := v.name, v.cfg
+		p, err := New(cfg, v.opts...)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -33,38 +33,23 @@ func golden(t *testing.T, name, got string) {
 }
 
 func TestRenderGolden(t *testing.T) {
-	dual := dptest.Config()
-	dual.Families = []model.Family{model.IPv4, model.IPv6}
-	masqAll := dptest.Config()
-	masqAll.MasqueradeAll = true
-	masqAll.NodePortAddresses = []string{"198.18.0.2/32", "127.0.0.0/8"}
-	bridge := dptest.Config()
-	bridge.LocalMode = dataplane.LocalBridgeInterface
-	bridge.BridgeInterface = "cbr0"
-	cases := []struct {
-		name string
-		cfg  dataplane.Config
-		opts []Option
-		snap *model.Snapshot
-	}{
-		{"empty", dptest.Config(), nil, dptest.Snapshot()},
-		{"features", dual, nil, featureSnapshot()},
-		{"masquerade-all-nodeport-addresses", masqAll, nil, featureSnapshot()},
-		{"bridge-no-localhost", bridge, []Option{WithLocalhostNodePorts(false)}, featureSnapshot()},
+	t.Run("empty", func(t *testing.T) { golden(t, "empty", renderText(t, dptest.Config(), nil, dptest.Snapshot())) })
+	for _, v := range configVariants(dptest.Config) {
+		t.Run(v.name, func(t *testing.T) { golden(t, v.name, renderText(t, v.cfg, v.opts, featureSnapshot())) })
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			p, err := New(tc.cfg, tc.opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var b bytes.Buffer
-			if err := p.Render(&b, tc.snap); err != nil {
-				t.Fatal(err)
-			}
-			golden(t, tc.name, b.String())
-		})
+}
+
+func renderText(t *testing.T, cfg dataplane.Config, opts []Option, snap *model.Snapshot) string {
+	t.Helper()
+	p, err := New(cfg, opts...)
+	if err != nil {
+		t.Fatal(err)
 	}
+	var b bytes.Buffer
+	if err := p.Render(&b, snap); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
 }
 
 func TestChainNamesMatchUpstream(t *testing.T) {
@@ -72,5 +57,36 @@ func TestChainNamesMatchUpstream(t *testing.T) {
 	id := model.PortID{Namespace: "ns1", Name: "svc1", Port: "p80", Protocol: model.TCP}
 	if got := chainsOf(id).svc; got != "KUBE-SVC-XPGD46QRK7WJZT7O" {
 		t.Errorf("KUBE-SVC name = %s", got)
+	}
+}
+
+// configVariant is a configuration the golden, translation and netlink
+// tests render the feature snapshot with.
+type configVariant struct {
+	name string
+	cfg  dataplane.Config
+	opts []Option
+}
+
+// configVariants are dual-stack, masquerade-all with nodePortAddresses,
+// and the bridge and interface-prefix local-traffic detectors, each on
+// top of base().
+func configVariants(base func() dataplane.Config) []configVariant {
+	dual := base()
+	dual.Families = []model.Family{model.IPv4, model.IPv6}
+	masqAll := base()
+	masqAll.MasqueradeAll = true
+	masqAll.NodePortAddresses = []string{"198.18.0.2/32", "127.0.0.0/8"}
+	bridge := base()
+	bridge.LocalMode = dataplane.LocalBridgeInterface
+	bridge.BridgeInterface = "cbr0"
+	prefix := base()
+	prefix.LocalMode = dataplane.LocalInterfacePrefix
+	prefix.InterfacePrefix = "veth"
+	return []configVariant{
+		{name: "features", cfg: dual},
+		{name: "masquerade-all-nodeport-addresses", cfg: masqAll},
+		{name: "bridge-no-localhost", cfg: bridge, opts: []Option{WithLocalhostNodePorts(false)}},
+		{name: "interface-prefix", cfg: prefix},
 	}
 }
