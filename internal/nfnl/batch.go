@@ -4,15 +4,15 @@
 // nfgenmsg headers, attributes, nesting), not what the messages mean; the
 // dataplanes encode their own objects with it.
 //
-// The nftables dataplane writes its larger batches with its own chunked
-// buffer (internal/dataplane/nftables/nlbatch.go) and reads the verdict
-// with ReadAck.
+// Both dataplanes write their transactions with Batch; Dump and Message
+// serve their reads.
 package nfnl
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -43,9 +43,6 @@ type Batch struct {
 	last      int
 	lastChunk int
 	hasMsg    bool
-	// names[i] describes the message with sequence number i+2, for error
-	// reports (the first message of a batch is number 2).
-	names []string
 }
 
 const (
@@ -99,9 +96,17 @@ func (p *Pool) Put(chunks [][]byte) {
 }
 
 // NewBatch starts a batch for family fam (unix.NFPROTO_IPV4 or
-// unix.NFPROTO_IPV6) whose chunks come from pool (nil: fresh ones).
-func NewBatch(fam byte, pool *Pool) *Batch {
-	b := &Batch{buf: pool.Get(), pool: pool, fam: fam, seq: 1}
+// unix.NFPROTO_IPV6) whose chunks come from pool. Without a pool, sizeHint
+// (the bytes expected) sizes the first chunk, so that a small batch does
+// not take a whole one.
+func NewBatch(fam byte, pool *Pool, sizeHint int) *Batch {
+	var buf []byte
+	if pool == nil && sizeHint < ChunkCap {
+		buf = make([]byte, 0, max(sizeHint, 256))
+	} else {
+		buf = pool.Get()
+	}
+	b := &Batch{buf: buf, pool: pool, fam: fam, seq: 1}
 	b.header(unix.NFNL_MSG_BATCH_BEGIN, unix.NLM_F_REQUEST, unix.AF_UNSPEC)
 	binary.BigEndian.PutUint16(b.buf[len(b.buf)-2:], subsysNFTables)
 	b.Finish(0)
@@ -119,6 +124,17 @@ func (b *Batch) Len() int {
 
 // Empty reports whether the batch holds no message.
 func (b *Batch) Empty() bool { return !b.hasMsg }
+
+// Fam is the batch's family.
+func (b *Batch) Fam() byte { return b.fam }
+
+// Off is the offset of the next byte in the chunk being written: what Msg
+// and Nest return are offsets of the same kind (a chunk is sealed only when
+// a message is finished).
+func (b *Batch) Off() int { return len(b.buf) }
+
+// Tail returns the bytes written in the current chunk since offset off.
+func (b *Batch) Tail(off int) []byte { return b.buf[off:] }
 
 func (b *Batch) header(typ uint16, flags uint16, fam byte) int {
 	start := len(b.buf)
@@ -138,14 +154,27 @@ func AppendHeader(buf []byte, typ, flags uint16, seq uint32, fam byte) []byte {
 	return append(buf, fam, 0, 0, 0)
 }
 
-// Msg starts an nf_tables message of type typ (unix.NFT_MSG_*); what
-// describes it in error reports ("add rule to nat/KUBE-SVC-…"). Append its
-// attributes, then call Finish with the returned offset.
-func (b *Batch) Msg(typ uint16, flags uint16, what string) int {
+// Msg starts an nf_tables message of type typ (unix.NFT_MSG_*). Append
+// its attributes, then call Finish with the returned offset. Error reports
+// name a message from its bytes (type, then its string attributes after
+// the first, the table: "add rule to nat KUBE-SVC-…"), so the batch keeps
+// no description per message.
+func (b *Batch) Msg(typ uint16, flags uint16) int {
 	start := b.header(subsysNFTables<<8|typ, unix.NLM_F_REQUEST|flags, b.fam)
 	b.last, b.lastChunk, b.hasMsg = start, len(b.chunks), true
-	b.names = append(b.names, what)
 	return start
+}
+
+// Message returns one nf_tables request of type typ outside a batch (a
+// dump or a query), its attributes written by attrs (may be nil).
+func Message(typ, flags uint16, fam byte, attrs func(b *Batch)) []byte {
+	b := &Batch{buf: make([]byte, 0, 256), fam: fam, seq: 1}
+	start := b.header(subsysNFTables<<8|typ, unix.NLM_F_REQUEST|flags, fam)
+	if attrs != nil {
+		attrs(b)
+	}
+	b.Finish(start)
+	return b.buf
 }
 
 // Finish writes the length of the message started at start.
@@ -260,22 +289,39 @@ func (e *Error) Unwrap() error { return e.Errno }
 // network namespace and waits for the kernel's verdict: nil, or the
 // errors of the messages it rejected (then nothing of the batch applied).
 // The batch cannot be used afterwards: its chunks go back to its pool.
-func (b *Batch) Send() error {
-	if !b.hasMsg {
+func (b *Batch) Send() error { return b.SendFrom(nil) }
+
+// SendFrom is Send, showing opened (when set) the socket first: a
+// monitor can then tell its own process's changes by the socket's port.
+func (b *Batch) SendFrom(opened func(fd int)) error {
+	parts, ackSeq, empty := b.Close()
+	if empty {
 		return nil
 	}
-	defer b.release()
+	defer b.Release()
+	return Transmit(parts, ackSeq, b.describe, opened)
+}
+
+// Close ends the batch (the last message asks for the acknowledgement,
+// whose sequence number is ackSeq) and returns its parts, in order; empty
+// when it holds no message. Nothing can be added afterwards.
+func (b *Batch) Close() (parts [][]byte, ackSeq uint32, empty bool) {
+	if !b.hasMsg {
+		return nil, 0, true
+	}
 	last := b.buf
 	if b.lastChunk < len(b.chunks) {
 		last = b.chunks[b.lastChunk]
 	}
 	flags := binary.NativeEndian.Uint16(last[b.last+6:])
 	binary.NativeEndian.PutUint16(last[b.last+6:], flags|unix.NLM_F_ACK)
-	ackSeq := binary.NativeEndian.Uint32(last[b.last+8:])
+	ackSeq = binary.NativeEndian.Uint32(last[b.last+8:])
 	end := b.header(unix.NFNL_MSG_BATCH_END, unix.NLM_F_REQUEST, unix.AF_UNSPEC)
 	binary.BigEndian.PutUint16(b.buf[len(b.buf)-2:], subsysNFTables)
 	binary.NativeEndian.PutUint32(b.buf[end:], uint32(len(b.buf)-end))
-	return Transmit(append(b.chunks, b.buf), ackSeq, b.describe, nil)
+	b.chunks = append(b.chunks, b.buf)
+	b.buf = nil
+	return b.chunks, ackSeq, false
 }
 
 // Transmit sends the parts of a closed batch (ackSeq: the sequence number
@@ -330,16 +376,77 @@ func OpenSocket(size int) (int, error) {
 	return fd, nil
 }
 
-func (b *Batch) release() {
-	b.pool.Put(append(b.chunks, b.buf))
+// Release gives the batch's chunks back to its pool (Send does it); the
+// batch is unusable afterwards.
+func (b *Batch) Release() {
+	if b.buf != nil {
+		b.chunks = append(b.chunks, b.buf)
+	}
+	b.pool.Put(b.chunks)
 	b.chunks, b.buf = nil, nil
 }
 
+// describe names the message with sequence number seq, found in the
+// batch's bytes.
 func (b *Batch) describe(seq uint32) string {
-	if i := int(seq) - 2; i >= 0 && i < len(b.names) {
-		return b.names[i]
+	parts := b.chunks
+	if b.buf != nil {
+		parts = append(parts[:len(parts):len(parts)], b.buf)
+	}
+	var found []byte
+	for _, part := range parts {
+		if eachMsg(part, func(m []byte) bool {
+			if binary.NativeEndian.Uint32(m[8:]) == seq {
+				found = m
+				return true
+			}
+			return false
+		}) {
+			return describeMsg(found)
+		}
 	}
 	return "netlink batch"
+}
+
+// msgNames are the message types batches send, for error reports.
+var msgNames = map[uint16]string{
+	unix.NFT_MSG_NEWTABLE: "add table", unix.NFT_MSG_DELTABLE: "delete table",
+	unix.NFT_MSG_NEWCHAIN: "add chain", unix.NFT_MSG_DELCHAIN: "delete chain",
+	unix.NFT_MSG_NEWRULE: "add rule to", unix.NFT_MSG_DELRULE: "flush chain",
+	unix.NFT_MSG_NEWSET: "add set", unix.NFT_MSG_DELSET: "delete set",
+	unix.NFT_MSG_NEWSETELEM: "add elements to", unix.NFT_MSG_DELSETELEM: "delete elements of",
+}
+
+// describeMsg names a message by its type and its leading string
+// attributes (table first, then the object: chain, set or table name).
+func describeMsg(m []byte) string {
+	if len(m) < nlmsgHdrLen+nfgenHdrLen {
+		return "netlink batch"
+	}
+	typ := binary.NativeEndian.Uint16(m[4:]) & 0xff
+	what := msgNames[typ]
+	if what == "" {
+		what = fmt.Sprintf("message type %d", typ)
+	}
+	var names []string
+	EachAttr(m[nlmsgHdrLen+nfgenHdrLen:], func(_ uint16, data []byte) {
+		if len(names) < 2 && len(data) > 1 && data[len(data)-1] == 0 && printable(data[:len(data)-1]) {
+			names = append(names, string(data[:len(data)-1]))
+		}
+	})
+	if len(names) > 0 {
+		what += " " + strings.Join(names, "/")
+	}
+	return what
+}
+
+func printable(b []byte) bool {
+	for _, c := range b {
+		if c < 0x20 || c > 0x7e {
+			return false
+		}
+	}
+	return true
 }
 
 // ReadAck reads a batch's replies from fd until the acknowledgement of

@@ -12,11 +12,11 @@ import (
 // its chunks read back as the same stream of whole messages.
 func TestBatchChunksAtMessageBoundaries(t *testing.T) {
 	pool := &Pool{}
-	b := NewBatch(unix.NFPROTO_IPV4, pool)
+	b := NewBatch(unix.NFPROTO_IPV4, pool, 0)
 	const msgs = 5000
 	name := strings.Repeat("x", 400)
 	for i := range msgs {
-		m := b.Msg(unix.NFT_MSG_NEWCHAIN, unix.NLM_F_CREATE, "add chain")
+		m := b.Msg(unix.NFT_MSG_NEWCHAIN, unix.NLM_F_CREATE)
 		b.AttrStr(unix.NFTA_CHAIN_TABLE, "nat")
 		n := b.Nest(unix.NFTA_CHAIN_HOOK)
 		b.AttrBE32(unix.NFTA_HOOK_HOOKNUM, uint32(i))
@@ -47,11 +47,11 @@ func TestBatchChunksAtMessageBoundaries(t *testing.T) {
 		t.Errorf("last message recorded in chunk %d of %d", b.lastChunk, len(b.chunks))
 	}
 	chunks := len(b.chunks) + 1
-	b.release()
+	b.Release()
 	if len(pool.free) != chunks {
 		t.Errorf("pool got %d chunks back, want %d", len(pool.free), chunks)
 	}
-	if c := NewBatch(unix.NFPROTO_IPV4, pool); len(pool.free) != chunks-1 || cap(c.buf) != ChunkCap {
+	if c := NewBatch(unix.NFPROTO_IPV4, pool, 0); len(pool.free) != chunks-1 || cap(c.buf) != ChunkCap {
 		t.Errorf("a new batch did not take a pooled chunk")
 	}
 }
@@ -61,4 +61,42 @@ func TestErrorNamesTheMessage(t *testing.T) {
 	if got := e.Error(); got != "add rule to nat/KUBE-SVC-X: no such file or directory (chain not found)" {
 		t.Errorf("got %q", got)
 	}
+}
+
+// A rejected message is named from the batch's bytes, in whichever chunk
+// it sits.
+func TestDescribeFindsTheMessage(t *testing.T) {
+	b := NewBatch(unix.NFPROTO_IPV4, &Pool{}, 0)
+	m := b.Msg(unix.NFT_MSG_NEWTABLE, unix.NLM_F_CREATE)
+	b.AttrStr(unix.NFTA_TABLE_NAME, "nat")
+	b.Finish(m)
+	long := strings.Repeat("y", 400)
+	for range 5000 { // several chunks
+		m := b.Msg(unix.NFT_MSG_NEWCHAIN, unix.NLM_F_CREATE)
+		b.AttrStr(unix.NFTA_CHAIN_TABLE, "nat")
+		b.AttrStr(unix.NFTA_CHAIN_NAME, long)
+		b.Finish(m)
+	}
+	m = b.Msg(unix.NFT_MSG_NEWRULE, unix.NLM_F_CREATE|unix.NLM_F_APPEND)
+	b.AttrStr(unix.NFTA_RULE_TABLE, "nat")
+	b.AttrStr(unix.NFTA_RULE_CHAIN, "KUBE-SVC-X")
+	n := b.Nest(unix.NFTA_RULE_EXPRESSIONS)
+	b.AttrStr(unix.NFTA_LIST_ELEM, "counter")
+	b.End(n)
+	b.Finish(m)
+	parts, ackSeq, empty := b.Close()
+	if empty || len(parts) < 3 {
+		t.Fatalf("%d parts, empty %v; the test needs several chunks", len(parts), empty)
+	}
+	for seq, want := range map[uint32]string{
+		2:          "add table nat",
+		3:          "add chain nat/" + long,
+		ackSeq:     "add rule to nat/KUBE-SVC-X",
+		ackSeq + 5: "netlink batch",
+	} {
+		if got := b.describe(seq); got != want {
+			t.Errorf("message %d: got %q, want %q", seq, got, want)
+		}
+	}
+	b.Release()
 }

@@ -18,38 +18,41 @@ import (
 func ChainNames(fam byte, table string) ([]string, error) {
 	for range 4 {
 		names, err := chainNames(fam, table)
-		if !errors.Is(err, errInterrupted) {
+		if !errors.Is(err, ErrInterrupted) {
 			return names, err
 		}
 	}
-	return nil, fmt.Errorf("listing the chains of %s: %w", table, errInterrupted)
+	return nil, fmt.Errorf("listing the chains of %s: %w", table, ErrInterrupted)
 }
 
-var errInterrupted = errors.New("the dump was interrupted by a concurrent change")
+// ErrInterrupted reports a dump during which the ruleset changed (any
+// commit in the namespace, of any table): the kernel resumes dumps by
+// position, so the dump may have missed or repeated objects.
+var ErrInterrupted = errors.New("the dump was interrupted by a concurrent change")
 
-func chainNames(fam byte, table string) ([]string, error) {
+// Dump sends one dump request of type typ (unix.NFT_MSG_GET*, attributes
+// written by attrs) in the calling thread's network namespace and calls fn
+// with the attributes of every reply, until the dump ends or fn fails. An
+// error reply ends it with that errno (syscall.Errno: ENOENT for a missing
+// table); a dump that was interrupted returns ErrInterrupted after it ran
+// to its end.
+func Dump(fam byte, typ uint16, attrs func(b *Batch), fn func(attrs []byte) error) error {
 	fd, err := OpenSocket(0)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer unix.Close(fd)
-	b := &Batch{fam: fam, seq: 1}
-	start := b.header(subsysNFTables<<8|unix.NFT_MSG_GETCHAIN, unix.NLM_F_REQUEST|unix.NLM_F_DUMP, fam)
-	b.AttrStr(unix.NFTA_CHAIN_TABLE, table)
-	b.Finish(start)
-	if err := unix.Sendto(fd, b.buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return nil, fmt.Errorf("asking for the chains of %s: %w", table, err)
+	if err := unix.Sendto(fd, Message(typ, unix.NLM_F_DUMP, fam, attrs), 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return fmt.Errorf("sending a netlink dump request: %w", err)
 	}
-	var names []string
-	seen := map[string]bool{}
 	interrupted := false
 	rb := make([]byte, 1<<20)
 	for range 1 << 24 {
 		n, _, err := unix.Recvfrom(fd, rb, 0)
 		if err != nil {
-			return nil, fmt.Errorf("reading the chains of %s: %w", table, err)
+			return fmt.Errorf("reading a netlink dump: %w", err)
 		}
-		var dumpErr error
+		var result error
 		done := eachMsg(rb[:n], func(m []byte) bool {
 			if binary.NativeEndian.Uint16(m[6:])&unix.NLM_F_DUMP_INTR != 0 {
 				interrupted = true
@@ -59,44 +62,57 @@ func chainNames(fam byte, table string) ([]string, error) {
 				return true
 			case unix.NLMSG_ERROR:
 				if len(m) >= nlmsgHdrLen+4 {
-					errno := syscall.Errno(-int32(binary.NativeEndian.Uint32(m[nlmsgHdrLen:])))
-					if errno == unix.ENOENT {
-						names = nil
-						return true
-					}
-					if errno != 0 {
-						dumpErr = fmt.Errorf("listing the chains of %s: %w", table, errno)
-						return true
+					if errno := -int32(binary.NativeEndian.Uint32(m[nlmsgHdrLen:])); errno != 0 {
+						result = syscall.Errno(errno)
 					}
 				}
-				return false
+				return true
 			}
-			if len(m) < nlmsgHdrLen+nfgenHdrLen {
-				return false
+			if len(m) >= nlmsgHdrLen+nfgenHdrLen {
+				result = fn(m[nlmsgHdrLen+nfgenHdrLen:])
 			}
-			var tbl, name string
-			EachAttr(m[nlmsgHdrLen+nfgenHdrLen:], func(typ uint16, data []byte) {
-				switch typ {
-				case unix.NFTA_CHAIN_TABLE:
-					tbl = cString(data)
-				case unix.NFTA_CHAIN_NAME:
-					name = cString(data)
-				}
-			})
-			if tbl == table && name != "" && !seen[name] {
-				seen[name] = true
-				names = append(names, name)
-			}
-			return false
+			return result != nil
 		})
 		if done {
-			if dumpErr == nil && interrupted {
-				dumpErr = errInterrupted
+			if result == nil && interrupted {
+				result = ErrInterrupted
 			}
-			return names, dumpErr
+			return result
 		}
 	}
-	return nil, errors.New("no end of the netlink chain dump")
+	return errors.New("no end of the netlink dump")
+}
+
+func chainNames(fam byte, table string) ([]string, error) {
+	var names []string
+	seen := map[string]bool{}
+	err := Dump(fam, unix.NFT_MSG_GETCHAIN, func(b *Batch) {
+		b.AttrStr(unix.NFTA_CHAIN_TABLE, table)
+	}, func(attrs []byte) error {
+		var tbl, name string
+		EachAttr(attrs, func(typ uint16, data []byte) {
+			switch typ {
+			case unix.NFTA_CHAIN_TABLE:
+				tbl = cString(data)
+			case unix.NFTA_CHAIN_NAME:
+				name = cString(data)
+			}
+		})
+		if tbl == table && name != "" && !seen[name] {
+			seen[name] = true
+			names = append(names, name)
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		return nil, nil
+	case errors.Is(err, ErrInterrupted):
+		return nil, err
+	case err != nil:
+		return nil, fmt.Errorf("listing the chains of %s: %w", table, err)
+	}
+	return names, nil
 }
 
 func cString(b []byte) string {

@@ -186,14 +186,20 @@ func (p *Proxier) fullSync(ctx context.Context, st *famState, snap *model.Snapsh
 	}
 	fs := snap.Family(st.fam)
 	r := newRenderer(p.params(), fs, snap.Node)
+	// Each port is rendered here for its entries and sizes, and again when
+	// its chains are written (lazyPorts).
 	ports := make(map[model.PortID]*portRules, len(fs.Ports))
 	for _, sp := range fs.Ports {
-		ports[sp.ID] = r.port(sp)
+		pr := r.port(sp)
+		pr.compact()
+		ports[sp.ID] = pr
 	}
 	filter, natShared := r.sharedChains(fs.Ports, ports)
-	natAll := slices.Clone(natShared)
+	natWant := chainNames(natShared)
 	for _, sp := range fs.Ports {
-		natAll = append(natAll, ports[sp.ID].nat...)
+		for _, c := range ports[sp.ID].sums {
+			natWant[c.name] = true
+		}
 	}
 	jumps := r.jumps()
 	savedNAT, err := p.readTable(ctx, st.fam, tableNAT, jumpSources(jumps, tableNAT))
@@ -209,13 +215,10 @@ func (p *Proxier) fullSync(ctx context.Context, st *famState, snap *model.Snapsh
 	}
 	f1, f3 := filterPhases(filter, savedFilter.rules, true)
 	f1.inserts = missingJumps(savedFilter, jumps, tableFilter)
-	f3.deletes = staleChains(tableFilter, savedFilter, filter)
+	f3.deletes = staleChains(tableFilter, savedFilter, chainNames(filter))
 	fixed, leaves := splitLeaves(natShared)
-	groups := make(portGroups, 0, len(fs.Ports))
-	for _, sp := range fs.Ports {
-		groups = append(groups, ports[sp.ID].nat)
-	}
-	rest, batched, err := p.writeAhead(ctx, st.fam, groups, leaves, r.markMasqChain(), f1)
+	loaded := slices.ContainsFunc(savedNAT.order, func(name string) bool { return strings.HasPrefix(name, prefixSVC) })
+	rest, batched, err := p.writeAhead(ctx, st.fam, lazyPorts{r: r, order: fs.Ports, ports: ports}, leaves, r.markMasqChain(), f1, loaded)
 	if err != nil {
 		return err
 	}
@@ -223,7 +226,7 @@ func (p *Proxier) fullSync(ctx context.Context, st *famState, snap *model.Snapsh
 		f1 = nil
 	}
 	nat := &tableWrite{table: tableNAT, chains: append(fixed, rest...),
-		deletes: staleChains(tableNAT, savedNAT, natAll), inserts: missingJumps(savedNAT, jumps, tableNAT)}
+		deletes: staleChains(tableNAT, savedNAT, natWant), inserts: missingJumps(savedNAT, jumps, tableNAT)}
 	mangle := &tableWrite{table: tableMangle, chains: []*Chain{canaryChain()}}
 	if err := p.restore(ctx, st.fam, mangle, f1, nat, f3); err != nil {
 		return err
@@ -231,6 +234,15 @@ func (p *Proxier) fullSync(ctx context.Context, st *famState, snap *model.Snapsh
 	st.valid, st.large, st.ports = true, r.large, ports
 	st.shared = sharedState(filter, natShared)
 	return nil
+}
+
+// chainNames is the set of the chains' names.
+func chainNames(chains []*Chain) map[string]bool {
+	m := make(map[string]bool, len(chains))
+	for _, c := range chains {
+		m[c.Name] = true
+	}
+	return m
 }
 
 func sharedState(filter, nat []*Chain) map[string][]string {
@@ -339,7 +351,7 @@ func (p *Proxier) partialSync(ctx context.Context, st *famState, snap *model.Sna
 		groups = append(groups, changedChains)
 		nat.deletes = append(nat.deletes, deletes...)
 	}
-	rest, batched, err := p.writeAhead(ctx, st.fam, groups, leaves, r.markMasqChain(), f1)
+	rest, batched, err := p.writeAhead(ctx, st.fam, groups, leaves, r.markMasqChain(), f1, true)
 	if err != nil {
 		return err
 	}
@@ -349,6 +361,11 @@ func (p *Proxier) partialSync(ctx context.Context, st *famState, snap *model.Sna
 	nat.chains = append(fixed, rest...)
 	if err := p.restore(ctx, st.fam, f1, nat, f3); err != nil {
 		return err
+	}
+	for id := range touched {
+		if pr := ports[id]; pr != nil {
+			pr.compact()
+		}
 	}
 	st.ports, st.shared = ports, sharedState(filter, natShared)
 	return nil
@@ -381,18 +398,19 @@ func cutPrefix(s, p string) (string, bool) {
 	return "", false
 }
 
-// portDiff returns the chains of one port that differ between old and new
-// (either may be nil) and the names of the chains new no longer has.
+// portDiff returns the chains of one port that differ between old (as
+// written: compact) and new (freshly rendered), either may be nil, and the
+// names of the chains new no longer has.
 func portDiff(old, new *portRules) (changed []*Chain, deletes []string) {
-	prev := map[string][]string{}
+	prev := map[string]uint64{}
 	if old != nil {
-		for _, c := range old.nat {
-			prev[c.Name] = c.Rules
+		for _, c := range old.sums {
+			prev[c.name] = c.sum
 		}
 	}
 	if new != nil {
 		for _, c := range new.nat {
-			if o, ok := prev[c.Name]; !ok || !slices.Equal(o, c.Rules) {
+			if sum, ok := prev[c.Name]; !ok || sum != sumRules(c.Rules) {
 				changed = append(changed, c)
 			}
 			delete(prev, c.Name)

@@ -42,18 +42,61 @@ var (
 	batchRules  = 4000
 )
 
-// portGroups lists chains that must be written together, one group per
-// service port (or per dispatch leaf chain).
+// groupList is chains to write ahead in groups: each group (a service
+// port's chains, or one dispatch leaf) goes whole into one transaction.
+type groupList interface {
+	len() int
+	size(i int) (chains, rules int)
+	chains(i int) []*Chain
+}
+
+// portGroups is a groupList of chains at hand.
 type portGroups [][]*Chain
 
-func (g portGroups) size() (chains, rules int) {
-	for _, cs := range g {
-		for _, c := range cs {
-			chains++
-			rules += len(c.Rules)
-		}
+func (g portGroups) len() int              { return len(g) }
+func (g portGroups) chains(i int) []*Chain { return g[i] }
+func (g portGroups) size(i int) (chains, rules int) {
+	for _, c := range g[i] {
+		chains++
+		rules += len(c.Rules)
 	}
 	return chains, rules
+}
+
+// lazyPorts is the chains of every service port, rendered when they are
+// written: a full sync first renders each port once for its shared-chain
+// entries and sizes, keeping only sums of its chains (compact), so that
+// the text of all Services (~55 MB at 10k Services × 10 endpoints) never
+// exists at once. The renderer is pure, so both renderings agree.
+type lazyPorts struct {
+	r     *renderer
+	order []*model.ServicePort
+	ports map[model.PortID]*portRules
+}
+
+func (l lazyPorts) len() int { return len(l.order) }
+func (l lazyPorts) size(i int) (chains, rules int) {
+	pr := l.ports[l.order[i].ID]
+	return len(pr.sums), pr.rules
+}
+func (l lazyPorts) chains(i int) []*Chain { return l.r.port(l.order[i]).nat }
+
+// total is the size of all groups.
+func total(g groupList) (chains, rules int) {
+	for i := range g.len() {
+		c, r := g.size(i)
+		chains, rules = chains+c, rules+r
+	}
+	return chains, rules
+}
+
+// all returns the chains of every group, in order.
+func all(g groupList) []*Chain {
+	var out []*Chain
+	for i := range g.len() {
+		out = append(out, g.chains(i)...)
+	}
+	return out
 }
 
 func fits(chains, rules int) bool { return chains <= batchChains && rules <= batchRules }
@@ -84,12 +127,18 @@ func isBucket(name string) bool {
 var aheadWorkers = 2
 
 // netlinkInputs is how many netlink transactions the chains written ahead
-// are cut into. Each is held whole in memory (~330 bytes per rule: 30 MB
-// per input at 10k Services × 10 endpoints) and, on a restart, each commit
-// re-validates the table that is already loaded (~0.4 s at that size), so
-// neither one input nor many; two are encoded while the kernel takes
-// another.
-const netlinkInputs = 4
+// are cut into when the table already holds Services (a restart): each
+// commit then re-validates the loaded table (~0.4 s at 10k Services × 10
+// endpoints), so not many; two are encoded while the kernel takes
+// another. Into a table without Services (a node's first start), new
+// chains are unreferenced until the final input and commits cost no
+// validation, so inputs are cut at about coldInputRules rules instead:
+// each input is held whole in memory (~350 bytes per rule), and smaller
+// ones keep a cold start's peak down.
+const (
+	netlinkInputs  = 4
+	coldInputRules = 40000
+)
 
 // writeAhead writes ports, then leaves, in batches when they are too many
 // for one input, and returns the chains left for the final input (all of
@@ -97,17 +146,15 @@ const netlinkInputs = 4
 // Before the first batch it applies pre (filter phase 1: the REJECTs that
 // must exist before a DNAT goes away), which the caller must then leave
 // out of the final input. markMasq goes first into every batch: per-port
-// chains jump to it, and it may not exist yet.
-func (p *Proxier) writeAhead(ctx context.Context, fam model.Family, ports, leaves portGroups, markMasq *Chain, pre *tableWrite) ([]*Chain, bool, error) {
-	all := append(slices.Clone(ports), leaves...)
+// chains jump to it, and it may not exist yet. loaded tells whether the
+// table already holds Services.
+func (p *Proxier) writeAhead(ctx context.Context, fam model.Family, ports groupList, leaves portGroups, markMasq *Chain, pre *tableWrite, loaded bool) ([]*Chain, bool, error) {
+	chains, rules := total(ports)
+	lc, lr := total(leaves)
 	// Legacy iptables-restore reads and replaces the whole table for every
 	// input, so more inputs only cost more there: never batch.
-	if p.backend == BackendLegacy || fits(all.size()) {
-		var chains []*Chain
-		for _, cs := range all {
-			chains = append(chains, cs...)
-		}
-		return chains, false, nil
+	if p.backend == BackendLegacy || fits(chains+lc, rules+lr) {
+		return append(all(ports), all(leaves)...), false, nil
 	}
 	if err := p.restore(ctx, fam, pre); err != nil {
 		return nil, true, fmt.Errorf("filter rules before the Service chains: %w", err)
@@ -115,89 +162,104 @@ func (p *Proxier) writeAhead(ctx context.Context, fam model.Family, ports, leave
 	inputs := aheadWorkers
 	if _, ok := p.netlinkRunner(); ok {
 		inputs = netlinkInputs
+		if !loaded {
+			inputs = max(inputs, rules/coldInputRules)
+		}
 		p.pool = &nfnl.Pool{}
 		defer func() { p.pool = nil }()
 	}
 	// The leaves jump to the per-port chains: they go in a second round.
-	for _, round := range []portGroups{ports, leaves} {
-		if err := p.restoreAll(ctx, fam, batchInputs(round, markMasq, inputs)); err != nil {
+	for _, round := range []groupList{ports, leaves} {
+		if err := p.restoreAll(ctx, fam, round, markMasq, planInputs(round, inputs)); err != nil {
 			return nil, true, fmt.Errorf("writing Service chains ahead: %w", err)
 		}
 	}
 	return nil, true, nil
 }
 
-// batchInputs cuts groups into sections that fit the bounds (a group larger
-// than the bounds gets a section of its own) and writes them, in order,
-// into at most inputs restore inputs of about equal length: each section
-// is one `*nat … COMMIT` transaction that starts with markMasq. One
+// section is the groups [lo, hi) of a groupList: one `*nat … COMMIT`
+// transaction.
+type section struct{ lo, hi int }
+
+// planInputs cuts the groups into sections that fit the bounds (a group
+// larger than the bounds gets a section of its own) and deals them, in
+// order, into at most inputs inputs of about equal length. One
 // iptables-restore process per input instead of one per section saves a
-// process start and a cache fetch per section.
-func batchInputs(groups portGroups, markMasq *Chain, inputs int) [][]*tableWrite {
-	sections := cutSections(groups, markMasq)
+// process start and a cache fetch per section; over netlink an input is
+// one transaction.
+func planInputs(g groupList, inputs int) [][]section {
+	sections := cutSections(g)
 	if len(sections) == 0 {
 		return nil
 	}
 	inputs = max(1, min(inputs, len(sections)))
-	out := make([][]*tableWrite, 0, inputs)
+	out := make([][]section, 0, inputs)
 	for i := range inputs {
-		ws := make([]*tableWrite, 0, len(sections)/inputs+1)
-		for _, chains := range sections[i*len(sections)/inputs : (i+1)*len(sections)/inputs] {
-			ws = append(ws, &tableWrite{table: tableNAT, chains: chains})
-		}
-		out = append(out, ws)
+		out = append(out, sections[i*len(sections)/inputs:(i+1)*len(sections)/inputs])
 	}
 	return out
 }
 
-// cutSections groups the chains of groups into sections within the bounds,
-// markMasq first in each.
-func cutSections(groups portGroups, markMasq *Chain) [][]*Chain {
-	var sections [][]*Chain
-	batch := portGroups{{markMasq}}
-	flush := func() {
-		if len(batch) == 1 {
-			return
+// inputWrites renders one planned input: each section starts with markMasq.
+func inputWrites(g groupList, markMasq *Chain, in []section) []*tableWrite {
+	ws := make([]*tableWrite, 0, len(in))
+	for _, s := range in {
+		chains := []*Chain{markMasq}
+		for i := s.lo; i < s.hi; i++ {
+			chains = append(chains, g.chains(i)...)
 		}
-		var chains []*Chain
-		for _, cs := range batch {
-			chains = append(chains, cs...)
-		}
-		sections = append(sections, chains)
-		batch = portGroups{{markMasq}}
+		ws = append(ws, &tableWrite{table: tableNAT, chains: chains})
 	}
-	chains, rules := portGroups{{markMasq}}.size()
-	for _, cs := range groups {
-		c, r := portGroups{cs}.size()
-		if !fits(chains+c, rules+r) {
-			flush()
-			chains, rules = portGroups{{markMasq}}.size()
+	return ws
+}
+
+// batchInputs is planInputs with every input rendered.
+func batchInputs(g groupList, markMasq *Chain, inputs int) [][]*tableWrite {
+	var out [][]*tableWrite
+	for _, in := range planInputs(g, inputs) {
+		out = append(out, inputWrites(g, markMasq, in))
+	}
+	return out
+}
+
+// cutSections groups the groups into sections within the bounds, counting
+// the KUBE-MARK-MASQ chain that opens each.
+func cutSections(g groupList) []section {
+	var sections []section
+	lo, chains, rules := 0, 1, 1
+	for i := range g.len() {
+		c, r := g.size(i)
+		if i > lo && !fits(chains+c, rules+r) {
+			sections = append(sections, section{lo, i})
+			lo, chains, rules = i, 1, 1
 		}
-		batch = append(batch, cs)
 		chains, rules = chains+c, rules+r
 	}
-	flush()
+	if g.len() > lo {
+		sections = append(sections, section{lo, g.len()})
+	}
 	return sections
 }
 
-// restoreAll runs the inputs, aheadWorkers at a time on nf_tables, and
-// returns the first error (the remaining inputs are skipped).
-func (p *Proxier) restoreAll(ctx context.Context, fam model.Family, inputs [][]*tableWrite) error {
+// restoreAll renders and runs the planned inputs, aheadWorkers at a time on
+// nf_tables, and returns the first error (the remaining inputs are
+// skipped).
+func (p *Proxier) restoreAll(ctx context.Context, fam model.Family, g groupList, markMasq *Chain, inputs [][]section) error {
 	workers := 1
 	if p.backend == BackendNFT {
 		workers = aheadWorkers
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	next := make(chan []*tableWrite)
+	next := make(chan []section)
 	errs := make(chan error, workers)
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for ws := range next {
-				if err := p.restore(ctx, fam, ws...); err != nil {
+			for in := range next {
+				if err := p.restore(ctx, fam, inputWrites(g, markMasq, in)...); err != nil {
 					errs <- err
 					cancel()
 					return
@@ -205,9 +267,9 @@ func (p *Proxier) restoreAll(ctx context.Context, fam model.Family, inputs [][]*
 			}
 		}()
 	}
-	for _, ws := range inputs {
+	for _, in := range inputs {
 		select {
-		case next <- ws:
+		case next <- in:
 		case <-ctx.Done():
 		}
 	}

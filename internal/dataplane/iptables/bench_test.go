@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"github.com/kproxy/kproxy/internal/dataplane"
 	"github.com/kproxy/kproxy/internal/dataplane/dptest"
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/nfnl"
 	"github.com/kproxy/kproxy/internal/objects"
 )
 
@@ -53,6 +55,24 @@ func BenchmarkRender10k(b *testing.B) {
 		if len(rs.NAT) < 100000 {
 			b.Fatal("too few chains")
 		}
+	}
+}
+
+// BenchmarkEncodeNetlink10k: the nat table of 10k Services × 10 endpoints
+// as netlink messages, on pooled chunks as a full sync writes them.
+func BenchmarkEncodeNetlink10k(b *testing.B) {
+	snap := scaleSnapshot(10000, 10)
+	rs := Render(testParams(), snap.V4, snap.Node)
+	w := []*tableWrite{{table: tableNAT, chains: rs.NAT}}
+	pool := &nfnl.Pool{}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		batch, err := encodeSections(model.IPv4, w, pool)
+		if err != nil {
+			b.Fatal(err)
+		}
+		batch.Release()
 	}
 }
 
@@ -154,11 +174,15 @@ func measureScale(t *testing.T, b Backend, n int) {
 	dptest.Categorize(probe)
 	l.Serve("198.18.64.10:8080", "x")
 	ctx := context.Background()
+	base := heapInuse(true)
+	peak := sampleHeap()
 	start, ru0 := time.Now(), childCPU()
 	if err := p.Sync(ctx, snap, dataplane.SyncRequest{Full: true}); err != nil {
 		t.Fatal(err)
 	}
 	cold, coldCPU := time.Since(start), childCPU().sub(ru0)
+	t.Logf("heap: peak during the cold sync %d MiB above the snapshot's, kept after it %d MiB",
+		(peak()-base)>>20, (heapInuse(true)-base)>>20)
 	rate := connRate(t, l, probe.ClusterIP.String()+":80", 2*time.Second)
 	sp := snap.V4.Ports[n/3]
 	orig := sp.Endpoints
@@ -242,6 +266,40 @@ func connRate(t testing.TB, l *dptest.Lab, addr string, d time.Duration) float64
 		}
 	})
 	return float64(count) / d.Seconds()
+}
+
+// heapInuse returns the bytes of in-use heap spans, after a collection
+// when gc is set.
+func heapInuse(gc bool) uint64 {
+	if gc {
+		runtime.GC()
+	}
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapInuse
+}
+
+// sampleHeap samples the in-use heap every 5 ms until the returned function
+// is called, which returns the largest sample.
+func sampleHeap() func() uint64 {
+	stop, done := make(chan struct{}), make(chan uint64)
+	go func() {
+		var max uint64
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if h := heapInuse(false); h > max {
+				max = h
+			}
+			select {
+			case <-stop:
+				done <- max
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() uint64 { close(stop); return <-done }
 }
 
 // cpuTimes is the user and system CPU of a process's waited-for children.

@@ -83,11 +83,7 @@ func cleanupWrite(table string, saved *savedTable, firewall bool) *tableWrite {
 }
 
 // staleChains are owned chains present in a saved table but not desired.
-func staleChains(table string, saved *savedTable, desired []*Chain) []string {
-	want := make(map[string]bool, len(desired))
-	for _, c := range desired {
-		want[c.Name] = true
-	}
+func staleChains(table string, saved *savedTable, want map[string]bool) []string {
 	var out []string
 	for _, name := range saved.order {
 		if isOwnedChain(table, name) && !want[name] && !strings.HasPrefix(name, "KUBE-FIREWALL") {

@@ -38,8 +38,11 @@ var errNotNetlink = errors.New("not expressible as a netlink batch")
 // encodeSections writes the sections (in restore order) into one batch
 // whose chunks come from pool (nil: fresh ones).
 func encodeSections(fam model.Family, ws []*tableWrite, pool *nfnl.Pool) (*nfnl.Batch, error) {
-	b := nfnl.NewBatch(nfproto(fam), pool)
+	// Netlink takes ~2-3 times the rule text (xtables structs are
+	// fixed-size); the hint only sizes an unpooled batch's first chunk.
+	b := nfnl.NewBatch(nfproto(fam), pool, 3*sizeOf(ws))
 	tables := map[string]bool{}
+	var scratch xtRule
 	for _, w := range ws {
 		if w.empty() {
 			continue
@@ -48,7 +51,7 @@ func encodeSections(fam model.Family, ws []*tableWrite, pool *nfnl.Pool) (*nfnl.
 			// Create the table if it is missing, as iptables-nft does
 			// (no flags: an existing table is left as it is).
 			tables[w.table] = true
-			m := b.Msg(unix.NFT_MSG_NEWTABLE, unix.NLM_F_CREATE, "add table "+w.table)
+			m := b.Msg(unix.NFT_MSG_NEWTABLE, unix.NLM_F_CREATE)
 			b.AttrStr(unix.NFTA_TABLE_NAME, w.table)
 			b.Finish(m)
 		}
@@ -63,19 +66,19 @@ func encodeSections(fam model.Family, ws []*tableWrite, pool *nfnl.Pool) (*nfnl.
 		}
 		for _, c := range w.chains {
 			for _, r := range c.Rules {
-				if err := addRule(b, fam, w.table, c.Name, r, true); err != nil {
+				if err := addRule(b, &scratch, fam, w.table, c.Name, r, true); err != nil {
 					return nil, err
 				}
 			}
 		}
 		for i := len(w.inserts) - 1; i >= 0; i-- {
 			j := w.inserts[i]
-			if err := addRule(b, fam, w.table, j.Chain, j.Rule, false); err != nil {
+			if err := addRule(b, &scratch, fam, w.table, j.Chain, j.Rule, false); err != nil {
 				return nil, err
 			}
 		}
 		for _, name := range w.deletes {
-			m := b.Msg(unix.NFT_MSG_DELCHAIN, 0, "delete chain "+w.table+"/"+name)
+			m := b.Msg(unix.NFT_MSG_DELCHAIN, 0)
 			b.AttrStr(unix.NFTA_CHAIN_TABLE, w.table)
 			b.AttrStr(unix.NFTA_CHAIN_NAME, name)
 			b.Finish(m)
@@ -94,11 +97,11 @@ func nfproto(fam model.Family) byte {
 // declareChain is iptables-restore's ":NAME - [0:0]": create the chain if
 // it is missing, and empty it.
 func declareChain(b *nfnl.Batch, table, name string) {
-	m := b.Msg(unix.NFT_MSG_NEWCHAIN, unix.NLM_F_CREATE, "add chain "+table+"/"+name)
+	m := b.Msg(unix.NFT_MSG_NEWCHAIN, unix.NLM_F_CREATE)
 	b.AttrStr(unix.NFTA_CHAIN_TABLE, table)
 	b.AttrStr(unix.NFTA_CHAIN_NAME, name)
 	b.Finish(m)
-	m = b.Msg(unix.NFT_MSG_DELRULE, 0, "flush chain "+table+"/"+name)
+	m = b.Msg(unix.NFT_MSG_DELRULE, 0)
 	b.AttrStr(unix.NFTA_RULE_TABLE, table)
 	b.AttrStr(unix.NFTA_RULE_CHAIN, name)
 	b.Finish(m)
@@ -106,21 +109,27 @@ func declareChain(b *nfnl.Batch, table, name string) {
 
 // xtRule is one rule's arguments, sorted the way iptables-nft orders the
 // expressions: interfaces, protocol, source, destination, then matches in
-// their order, a counter, the target.
+// their order, a counter, the target. One xtRule is reused for every rule
+// of a batch (parseRule resets it): at 10k Services a full sync parses
+// 330k rules.
 type xtRule struct {
 	v6               bool
 	iif, oif         string
 	iifInv, oifInv   bool
 	proto            byte
 	protoInv         bool
-	src, dst         []byte // address, masked
+	src, dst         []byte // address, masked (nil: none)
 	srcMask, dstMask []byte
 	srcInv, dstInv   bool
-	matches          []*xtModule
-	target           *xtModule
+	matches          []xtModule
+	target           *xtModule // nil, or &tgt
 	verdict          int32
 	chain            string // jump or goto target
 	noCounter        bool
+
+	toks           []string
+	tgt            xtModule
+	srcBuf, dstBuf [2][16]byte // address and mask storage
 }
 
 // xtModule is one -m module or -j target with its options.
@@ -154,9 +163,19 @@ var takesValue = map[string]bool{
 
 // parseRule reads the rule text after "-A <chain> ".
 func parseRule(fam model.Family, rule string) (*xtRule, error) {
-	r := &xtRule{v6: fam == model.IPv6, verdict: math.MinInt32}
-	toks := splitArgs(rule)
-	var cur *xtModule
+	r := &xtRule{}
+	return r, r.parse(fam, rule)
+}
+
+// parse makes r the rule text after "-A <chain> ", reusing r's storage.
+func (r *xtRule) parse(fam model.Family, rule string) error {
+	matches := r.matches[:0]
+	*r = xtRule{v6: fam == model.IPv6, verdict: math.MinInt32, toks: appendArgs(r.toks[:0], rule),
+		tgt: xtModule{opts: r.tgt.opts[:0]}, srcBuf: r.srcBuf, dstBuf: r.dstBuf}
+	toks := r.toks
+	// cur is the module (or target) taking options: an index into
+	// r.matches, or -2 for the target, -1 for none.
+	cur := -1
 	inv := false
 	for i := 0; i < len(toks); i++ {
 		t := toks[i]
@@ -176,13 +195,20 @@ func parseRule(fam model.Family, rule string) (*xtRule, error) {
 		switch t {
 		case "-m":
 			if v, err = arg(); err == nil {
-				cur = &xtModule{name: v}
-				r.matches = append(r.matches, cur)
+				// Reuse the options storage of an earlier rule's module.
+				if len(matches) < cap(matches) {
+					matches = matches[:len(matches)+1]
+					m := &matches[len(matches)-1]
+					m.name, m.opts = v, m.opts[:0]
+				} else {
+					matches = append(matches, xtModule{name: v})
+				}
+				cur = len(matches) - 1
 			}
 		case "-j", "-g":
 			if v, err = arg(); err == nil {
 				err = r.setTarget(t == "-g", v)
-				cur = r.target
+				cur = -2
 			}
 		case "-p":
 			if v, err = arg(); err == nil {
@@ -191,8 +217,12 @@ func parseRule(fam model.Family, rule string) (*xtRule, error) {
 			}
 		case "-s", "-d":
 			if v, err = arg(); err == nil {
+				buf := &r.srcBuf
+				if t == "-d" {
+					buf = &r.dstBuf
+				}
 				var a, m []byte
-				if a, m, err = parseAddr(fam, v); err == nil && inv && allZero(m) {
+				if a, m, err = parseAddrInto(buf, fam, v); err == nil && inv && allZero(m) {
 					err = fmt.Errorf("%w: ! %s %s matches nothing", errNotNetlink, t, v)
 				}
 				if err == nil {
@@ -212,21 +242,26 @@ func parseRule(fam model.Family, rule string) (*xtRule, error) {
 				}
 			}
 		default:
-			if !strings.HasPrefix(t, "--") || cur == nil {
-				return nil, fmt.Errorf("%w: %q in %q", errNotNetlink, t, rule)
+			if !strings.HasPrefix(t, "--") || cur == -1 || cur == -2 && r.target == nil {
+				return fmt.Errorf("%w: %q in %q", errNotNetlink, t, rule)
 			}
 			o := xtOpt{name: t, inv: inv}
 			if takesValue[t] {
 				o.value, err = arg()
 			}
-			cur.opts = append(cur.opts, o)
+			if cur == -2 {
+				r.tgt.opts = append(r.tgt.opts, o)
+			} else {
+				matches[cur].opts = append(matches[cur].opts, o)
+			}
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
 		inv = false
 	}
-	return r, nil
+	r.matches = matches
+	return nil
 }
 
 func (r *xtRule) setTarget(isGoto bool, name string) error {
@@ -238,7 +273,8 @@ func (r *xtRule) setTarget(isGoto bool, name string) error {
 	case "RETURN":
 		r.verdict = unix.NFT_RETURN
 	case "DNAT", "MARK", "MASQUERADE", "REJECT":
-		r.target = &xtModule{name: name}
+		r.tgt.name = name
+		r.target = &r.tgt
 	default:
 		if strings.ToUpper(name) != name {
 			return fmt.Errorf("%w: target %s", errNotNetlink, name)
@@ -269,13 +305,26 @@ func protoNumber(p string) (byte, error) {
 // parseAddr reads "a", "a/len" or "a/mask" and returns the masked address
 // and the mask.
 func parseAddr(fam model.Family, s string) (addr, mask []byte, err error) {
+	return parseAddrInto(new([2][16]byte), fam, s)
+}
+
+// parseAddrInto is parseAddr keeping the address and mask in buf.
+func parseAddrInto(buf *[2][16]byte, fam model.Family, s string) (addr, mask []byte, err error) {
 	a, m, hasMask := strings.Cut(s, "/")
 	ip, err := netip.ParseAddr(a)
 	if err != nil || ip.Is6() != (fam == model.IPv6) {
 		return nil, nil, fmt.Errorf("%w: address %q", errNotNetlink, s)
 	}
-	addr = ip.AsSlice()
-	mask = make([]byte, len(addr))
+	n := ip.BitLen() / 8
+	addr, mask = buf[0][:n], buf[1][:n]
+	if ip.Is4() {
+		a4 := ip.As4()
+		copy(addr, a4[:])
+	} else {
+		a16 := ip.As16()
+		copy(addr, a16[:])
+	}
+	clear(mask)
 	bits := len(addr) * 8
 	if hasMask {
 		if mip, err := netip.ParseAddr(m); err == nil && mip.BitLen() == bits {
@@ -296,17 +345,17 @@ func parseAddr(fam model.Family, s string) (addr, mask []byte, err error) {
 	return addr, mask, nil
 }
 
-// addRule appends (or, with appendRule false, inserts at the top) one rule.
-func addRule(b *nfnl.Batch, fam model.Family, table, chain, text string, appendRule bool) error {
-	r, err := parseRule(fam, text)
-	if err != nil {
+// addRule appends (or, with appendRule false, inserts at the top) one
+// rule, parsed into r.
+func addRule(b *nfnl.Batch, r *xtRule, fam model.Family, table, chain, text string, appendRule bool) error {
+	if err := r.parse(fam, text); err != nil {
 		return err
 	}
 	flags := uint16(unix.NLM_F_CREATE)
 	if appendRule {
 		flags |= unix.NLM_F_APPEND
 	}
-	m := b.Msg(unix.NFT_MSG_NEWRULE, flags, "add rule to "+table+"/"+chain)
+	m := b.Msg(unix.NFT_MSG_NEWRULE, flags)
 	b.AttrStr(unix.NFTA_RULE_TABLE, table)
 	b.AttrStr(unix.NFTA_RULE_CHAIN, chain)
 	// The hairpin rule of a KUBE-SEP chain gets no counter: the kernel
@@ -356,8 +405,8 @@ func (r *xtRule) encode(b *nfnl.Batch) error {
 	if r.dst != nil && !allZero(r.dstMask) {
 		nlAddr(b, dstOff, r.dst, r.dstMask, r.dstInv)
 	}
-	for _, m := range r.matches {
-		if err := r.encodeMatch(b, m); err != nil {
+	for i := range r.matches {
+		if err := r.encodeMatch(b, &r.matches[i]); err != nil {
 			return err
 		}
 	}

@@ -129,34 +129,64 @@ func ruleTarget(rule string) string {
 	return ""
 }
 
-// splitArgs splits a rule into arguments, honouring double quotes.
+// splitArgs splits a rule into arguments, honouring double quotes (a
+// backslash inside them escapes the next byte).
 func splitArgs(s string) []string {
-	var out []string
-	var cur strings.Builder
-	inQ, has := false, false
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '"':
-			inQ, has = !inQ, true
-		case c == '\\' && inQ && i+1 < len(s):
+	return appendArgs(make([]string, 0, 16), s)
+}
+
+// appendArgs appends the arguments of s to out. Arguments without quotes,
+// and quoted ones without escapes, are substrings of s, not copies.
+func appendArgs(out []string, s string) []string {
+	for i := 0; i < len(s); {
+		if s[i] == ' ' || s[i] == '\t' {
 			i++
-			cur.WriteByte(s[i])
-		case (c == ' ' || c == '\t') && !inQ:
-			if has {
-				out = append(out, cur.String())
-				cur.Reset()
-				has = false
+			continue
+		}
+		start, plain, inQ := i, true, false
+		for ; i < len(s); i++ {
+			c := s[i]
+			if (c == ' ' || c == '\t') && !inQ {
+				break
 			}
+			switch {
+			case c == '"':
+				inQ, plain = !inQ, false
+			case c == '\\' && inQ && i+1 < len(s):
+				i++
+				plain = false
+			}
+		}
+		tok := s[start:i]
+		switch {
+		case plain:
+			out = append(out, tok)
+		case len(tok) >= 2 && tok[0] == '"' && tok[len(tok)-1] == '"' && !strings.ContainsAny(tok[1:len(tok)-1], `"\\`):
+			out = append(out, tok[1:len(tok)-1])
 		default:
-			cur.WriteByte(c)
-			has = true
+			out = append(out, unquote(tok))
 		}
 	}
-	if has {
-		out = append(out, cur.String())
-	}
 	return out
+}
+
+// unquote removes the quotes of one argument and resolves its escapes.
+func unquote(tok string) string {
+	var b strings.Builder
+	inQ := false
+	for i := 0; i < len(tok); i++ {
+		c := tok[i]
+		switch {
+		case c == '"':
+			inQ = !inQ
+		case c == '\\' && inQ && i+1 < len(tok):
+			i++
+			b.WriteByte(tok[i])
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }
 
 // hasJump reports whether a built-in chain already holds jump j (same

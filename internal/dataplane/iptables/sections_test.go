@@ -34,7 +34,7 @@ func TestBatchTextsSections(t *testing.T) {
 			t.Errorf("inputs=%d: got %q, want %q", tc.inputs, got, tc.want)
 		}
 	}
-	if got := batchInputs(nil, mm, 2); len(got) != 0 {
+	if got := batchInputs(portGroups(nil), mm, 2); len(got) != 0 {
 		t.Errorf("no groups gave %d inputs", len(got))
 	}
 }

@@ -124,7 +124,7 @@ func BenchmarkColdSync10k(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			batch.release()
+			batch.Release()
 			return true
 		}
 		if err := st.prepareFull(ctx, cfg, snap.V4, snap.Node, &t, encode); err != nil {

@@ -253,7 +253,7 @@ func TestPrivilegedBatchError(t *testing.T) {
 		_ = b.addRule("good", "goto missing-chain", exprs[0])
 		err = b.send()
 	})
-	if err == nil || !strings.Contains(err.Error(), "add rule to chain good") || !errors.Is(err, syscall.ENOENT) {
+	if err == nil || !strings.Contains(err.Error(), "add rule to "+DefaultTableName+"/good") || !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("got %v, want ENOENT naming the rule's message", err)
 	}
 	if out, _ := exec.Command("ip", "netns", "exec", n.Node, "nft", "list", "tables").CombinedOutput(); strings.Contains(string(out), DefaultTableName) {

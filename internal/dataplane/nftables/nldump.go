@@ -3,12 +3,12 @@ package nftables
 import (
 	"cmp"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
@@ -21,51 +21,18 @@ import (
 // names, which google/nftables' generic decoding turns into hundreds of
 // megabytes of garbage.
 
-// dump sends one dump request (attrs written by fill) and calls fn with
-// the attributes of every reply message.
+// dump sends one dump request about the table (attrs written by fill) and
+// calls fn with the attributes of every reply message. An interrupted dump
+// counts as whole: interruptions come from any commit in the namespace,
+// and kproxy is its table's only writer.
 func (n *netlinkReader) dump(typ uint16, fill func(b *nlBatch), fn func(attrs []byte) error) error {
-	fd, err := nfnl.OpenSocket(0)
-	if err != nil {
-		return err
+	err := nfnl.Dump(n.nfproto(), typ, func(b *nfnl.Batch) {
+		fill(&nlBatch{Batch: b, table: n.table.Name})
+	}, fn)
+	if errors.Is(err, nfnl.ErrInterrupted) {
+		return nil
 	}
-	defer unix.Close(fd)
-	b := &nlBatch{fam: n.nfproto(), table: n.table.Name, seq: 1}
-	m := b.msg(typ, unix.NLM_F_DUMP)
-	fill(b)
-	b.finish(m)
-	if err := unix.Sendto(fd, b.buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return fmt.Errorf("sending netlink dump request: %w", err)
-	}
-	rb := make([]byte, 128<<10)
-	for range 1 << 24 {
-		nr, _, err := unix.Recvfrom(fd, rb, 0)
-		if err != nil {
-			return fmt.Errorf("reading netlink dump: %w", err)
-		}
-		for msgs := rb[:nr]; len(msgs) >= nlmsgHdrLen; {
-			l := int(binary.NativeEndian.Uint32(msgs))
-			if l < nlmsgHdrLen || l > len(msgs) {
-				return fmt.Errorf("malformed netlink reply")
-			}
-			msg := msgs[:l]
-			msgs = msgs[min((l+3)&^3, len(msgs)):]
-			switch binary.NativeEndian.Uint16(msg[4:]) {
-			case unix.NLMSG_DONE:
-				return nil
-			case unix.NLMSG_ERROR:
-				if errno := -int32(binary.NativeEndian.Uint32(msg[nlmsgHdrLen:])); errno != 0 {
-					return syscall.Errno(errno)
-				}
-				return nil
-			}
-			if len(msg) >= nlmsgHdrLen+nfgenHdrLen {
-				if err := fn(msg[nlmsgHdrLen+nfgenHdrLen:]); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	return fmt.Errorf("netlink dump did not end")
+	return err
 }
 
 // eachAttr calls fn for every attribute in b (type without flags).
@@ -108,8 +75,8 @@ func (n *netlinkReader) elementMap(s *set) (map[string]string, error) {
 // attributes.
 func (n *netlinkReader) eachElement(s *set, fn func(el []byte)) error {
 	return n.dump(unix.NFT_MSG_GETSETELEM, func(b *nlBatch) {
-		b.attrStr(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
-		b.attrStr(unix.NFTA_SET_ELEM_LIST_SET, s.Name)
+		b.AttrStr(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
+		b.AttrStr(unix.NFTA_SET_ELEM_LIST_SET, s.Name)
 	}, func(attrs []byte) error {
 		eachAttr(attr(attrs, unix.NFTA_SET_ELEM_LIST_ELEMENTS), func(_ uint16, el []byte) { fn(el) })
 		return nil
@@ -134,7 +101,7 @@ func decodeElem(fields, dataFields []string, isMap bool, el []byte) (string, str
 func (n *netlinkReader) chainNames() ([]string, error) {
 	var names []string
 	err := n.dump(unix.NFT_MSG_GETCHAIN, func(b *nlBatch) {
-		b.attrStr(unix.NFTA_CHAIN_TABLE, b.table)
+		b.AttrStr(unix.NFTA_CHAIN_TABLE, b.table)
 	}, func(attrs []byte) error {
 		if string(attr(attrs, unix.NFTA_CHAIN_TABLE)) == n.table.Name+"\x00" {
 			names = append(names, strings.TrimRight(string(attr(attrs, unix.NFTA_CHAIN_NAME)), "\x00"))

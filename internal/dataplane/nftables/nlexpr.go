@@ -18,112 +18,112 @@ import (
 func (b *nlBatch) appendExpr(e expr.Any) error {
 	name := exprName(e)
 	if name == "" {
-		data, err := expr.Marshal(b.fam, e)
+		data, err := expr.Marshal(b.Fam(), e)
 		if err != nil {
 			return err
 		}
-		b.attr(unix.NFTA_LIST_ELEM|unix.NLA_F_NESTED, data)
+		b.Attr(unix.NFTA_LIST_ELEM|unix.NLA_F_NESTED, data)
 		return nil
 	}
-	elem := b.nest(unix.NFTA_LIST_ELEM)
-	b.attrStr(unix.NFTA_EXPR_NAME, name)
-	data := b.nest(unix.NFTA_EXPR_DATA)
+	elem := b.Nest(unix.NFTA_LIST_ELEM)
+	b.AttrStr(unix.NFTA_EXPR_NAME, name)
+	data := b.Nest(unix.NFTA_EXPR_DATA)
 	switch e := e.(type) {
 	case *expr.Meta:
-		b.attrU32(unix.NFTA_META_KEY, uint32(e.Key))
-		b.attrU32(pick(e.SourceRegister, unix.NFTA_META_SREG, unix.NFTA_META_DREG), e.Register)
+		b.AttrBE32(unix.NFTA_META_KEY, uint32(e.Key))
+		b.AttrBE32(pick(e.SourceRegister, unix.NFTA_META_SREG, unix.NFTA_META_DREG), e.Register)
 	case *expr.Ct:
-		b.attrU32(unix.NFTA_CT_KEY, uint32(e.Key))
-		b.attrU32(pick(e.SourceRegister, unix.NFTA_CT_SREG, unix.NFTA_CT_DREG), e.Register)
+		b.AttrBE32(unix.NFTA_CT_KEY, uint32(e.Key))
+		b.AttrBE32(pick(e.SourceRegister, unix.NFTA_CT_SREG, unix.NFTA_CT_DREG), e.Register)
 		switch e.Key {
 		case expr.CtKeySRC, expr.CtKeyDST, expr.CtKeyPROTOSRC, expr.CtKeyPROTODST:
-			b.attrU32(unix.NFTA_CT_DIRECTION, e.Direction)
+			b.AttrBE32(unix.NFTA_CT_DIRECTION, e.Direction)
 		}
 	case *expr.Cmp:
-		b.attrU32(unix.NFTA_CMP_SREG, e.Register)
-		b.attrU32(unix.NFTA_CMP_OP, uint32(e.Op))
-		b.value(unix.NFTA_CMP_DATA, e.Data)
+		b.AttrBE32(unix.NFTA_CMP_SREG, e.Register)
+		b.AttrBE32(unix.NFTA_CMP_OP, uint32(e.Op))
+		b.Value(unix.NFTA_CMP_DATA, e.Data)
 	case *expr.Payload:
 		if e.OperationType == expr.PayloadWrite {
-			b.attrU32(unix.NFTA_PAYLOAD_SREG, e.SourceRegister)
+			b.AttrBE32(unix.NFTA_PAYLOAD_SREG, e.SourceRegister)
 		} else {
-			b.attrU32(unix.NFTA_PAYLOAD_DREG, e.DestRegister)
+			b.AttrBE32(unix.NFTA_PAYLOAD_DREG, e.DestRegister)
 		}
-		b.attrU32(unix.NFTA_PAYLOAD_BASE, uint32(e.Base))
-		b.attrU32(unix.NFTA_PAYLOAD_OFFSET, e.Offset)
-		b.attrU32(unix.NFTA_PAYLOAD_LEN, e.Len)
+		b.AttrBE32(unix.NFTA_PAYLOAD_BASE, uint32(e.Base))
+		b.AttrBE32(unix.NFTA_PAYLOAD_OFFSET, e.Offset)
+		b.AttrBE32(unix.NFTA_PAYLOAD_LEN, e.Len)
 		if e.CsumType > 0 {
-			b.attrU32(unix.NFTA_PAYLOAD_CSUM_TYPE, uint32(e.CsumType))
-			b.attrU32(unix.NFTA_PAYLOAD_CSUM_OFFSET, uint32(e.CsumOffset))
+			b.AttrBE32(unix.NFTA_PAYLOAD_CSUM_TYPE, uint32(e.CsumType))
+			b.AttrBE32(unix.NFTA_PAYLOAD_CSUM_OFFSET, uint32(e.CsumOffset))
 			if e.CsumFlags > 0 {
-				b.attrU32(unix.NFTA_PAYLOAD_CSUM_FLAGS, e.CsumFlags)
+				b.AttrBE32(unix.NFTA_PAYLOAD_CSUM_FLAGS, e.CsumFlags)
 			}
 		}
 	case *expr.Bitwise:
-		b.attrU32(unix.NFTA_BITWISE_SREG, e.SourceRegister)
-		b.attrU32(unix.NFTA_BITWISE_DREG, e.DestRegister)
-		b.attrU32(unix.NFTA_BITWISE_LEN, e.Len)
-		b.value(unix.NFTA_BITWISE_MASK, e.Mask)
-		b.value(unix.NFTA_BITWISE_XOR, e.Xor)
+		b.AttrBE32(unix.NFTA_BITWISE_SREG, e.SourceRegister)
+		b.AttrBE32(unix.NFTA_BITWISE_DREG, e.DestRegister)
+		b.AttrBE32(unix.NFTA_BITWISE_LEN, e.Len)
+		b.Value(unix.NFTA_BITWISE_MASK, e.Mask)
+		b.Value(unix.NFTA_BITWISE_XOR, e.Xor)
 	case *expr.Immediate:
-		b.attrU32(unix.NFTA_IMMEDIATE_DREG, e.Register)
-		b.value(unix.NFTA_IMMEDIATE_DATA, e.Data)
+		b.AttrBE32(unix.NFTA_IMMEDIATE_DREG, e.Register)
+		b.Value(unix.NFTA_IMMEDIATE_DATA, e.Data)
 	case *expr.Verdict:
-		b.attrU32(unix.NFTA_IMMEDIATE_DREG, unix.NFT_REG_VERDICT)
-		imm := b.nest(unix.NFTA_IMMEDIATE_DATA)
-		v := b.nest(unix.NFTA_DATA_VERDICT)
-		b.attrU32(unix.NFTA_VERDICT_CODE, uint32(e.Kind))
+		b.AttrBE32(unix.NFTA_IMMEDIATE_DREG, unix.NFT_REG_VERDICT)
+		imm := b.Nest(unix.NFTA_IMMEDIATE_DATA)
+		v := b.Nest(unix.NFTA_DATA_VERDICT)
+		b.AttrBE32(unix.NFTA_VERDICT_CODE, uint32(e.Kind))
 		if e.Chain != "" {
-			b.attrStr(unix.NFTA_VERDICT_CHAIN, e.Chain)
+			b.AttrStr(unix.NFTA_VERDICT_CHAIN, e.Chain)
 		}
-		b.end(v)
-		b.end(imm)
+		b.End(v)
+		b.End(imm)
 	case *expr.Lookup:
 		if e.SourceRegister != 0 {
-			b.attrU32(unix.NFTA_LOOKUP_SREG, e.SourceRegister)
+			b.AttrBE32(unix.NFTA_LOOKUP_SREG, e.SourceRegister)
 		}
 		if e.IsDestRegSet {
-			b.attrU32(unix.NFTA_LOOKUP_DREG, e.DestRegister)
+			b.AttrBE32(unix.NFTA_LOOKUP_DREG, e.DestRegister)
 		}
 		if e.Invert {
-			b.attrU32(unix.NFTA_LOOKUP_FLAGS, unix.NFT_LOOKUP_F_INV)
+			b.AttrBE32(unix.NFTA_LOOKUP_FLAGS, unix.NFT_LOOKUP_F_INV)
 		}
-		b.attrStr(unix.NFTA_LOOKUP_SET, e.SetName)
-		b.attrU32(unix.NFTA_LOOKUP_SET_ID, e.SetID)
+		b.AttrStr(unix.NFTA_LOOKUP_SET, e.SetName)
+		b.AttrBE32(unix.NFTA_LOOKUP_SET_ID, e.SetID)
 	case *expr.Numgen:
-		b.attrU32(unix.NFTA_NG_DREG, e.Register)
-		b.attrU32(unix.NFTA_NG_MODULUS, e.Modulus)
-		b.attrU32(unix.NFTA_NG_TYPE, e.Type)
-		b.attrU32(unix.NFTA_NG_OFFSET, e.Offset)
+		b.AttrBE32(unix.NFTA_NG_DREG, e.Register)
+		b.AttrBE32(unix.NFTA_NG_MODULUS, e.Modulus)
+		b.AttrBE32(unix.NFTA_NG_TYPE, e.Type)
+		b.AttrBE32(unix.NFTA_NG_OFFSET, e.Offset)
 	case *expr.NAT:
-		b.attrU32(unix.NFTA_NAT_TYPE, uint32(e.Type))
-		b.attrU32(unix.NFTA_NAT_FAMILY, e.Family)
+		b.AttrBE32(unix.NFTA_NAT_TYPE, uint32(e.Type))
+		b.AttrBE32(unix.NFTA_NAT_FAMILY, e.Family)
 		if e.RegAddrMin != 0 {
-			b.attrU32(unix.NFTA_NAT_REG_ADDR_MIN, e.RegAddrMin)
+			b.AttrBE32(unix.NFTA_NAT_REG_ADDR_MIN, e.RegAddrMin)
 			if e.RegAddrMax != 0 {
-				b.attrU32(unix.NFTA_NAT_REG_ADDR_MAX, e.RegAddrMax)
+				b.AttrBE32(unix.NFTA_NAT_REG_ADDR_MAX, e.RegAddrMax)
 			}
 		}
 		if e.RegProtoMin != 0 {
-			b.attrU32(unix.NFTA_NAT_REG_PROTO_MIN, e.RegProtoMin)
+			b.AttrBE32(unix.NFTA_NAT_REG_PROTO_MIN, e.RegProtoMin)
 			if e.RegProtoMax != 0 {
-				b.attrU32(unix.NFTA_NAT_REG_PROTO_MAX, e.RegProtoMax)
+				b.AttrBE32(unix.NFTA_NAT_REG_PROTO_MAX, e.RegProtoMax)
 			}
 		}
 		if flags := natFlags(e); flags != 0 {
-			b.attrU32(unix.NFTA_NAT_FLAGS, flags)
+			b.AttrBE32(unix.NFTA_NAT_FLAGS, flags)
 		}
 	case *expr.Fib:
-		b.attrU32(unix.NFTA_FIB_DREG, e.Register)
+		b.AttrBE32(unix.NFTA_FIB_DREG, e.Register)
 		if flags := fibFlags(e); flags != 0 {
-			b.attrU32(unix.NFTA_FIB_FLAGS, flags)
+			b.AttrBE32(unix.NFTA_FIB_FLAGS, flags)
 		}
 		if results := fibResults(e); results != 0 {
-			b.attrU32(unix.NFTA_FIB_RESULT, results)
+			b.AttrBE32(unix.NFTA_FIB_RESULT, results)
 		}
 	}
-	b.end(data)
-	b.end(elem)
+	b.End(data)
+	b.End(elem)
 	return nil
 }
 

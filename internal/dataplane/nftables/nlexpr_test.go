@@ -25,9 +25,10 @@ func marshalled(fam byte, e expr.Any) ([]byte, error) {
 
 // appended is e as appendExpr writes it.
 func appended(fam byte, e expr.Any) ([]byte, error) {
-	b := &nlBatch{fam: fam}
+	b := newNLBatch(fam, "", 0)
+	off := b.Off()
 	err := b.appendExpr(e)
-	return b.buf, err
+	return b.Tail(off), err
 }
 
 func checkSameEncoding(t *testing.T, what string, fam byte, e expr.Any) {

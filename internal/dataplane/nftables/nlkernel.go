@@ -94,7 +94,7 @@ func (k *nlKernel) ApplyStages(_ context.Context, stages <-chan func() opList) e
 			continue
 		}
 		err := k.send(e.b, e.n)
-		e.b.release()
+		e.b.Release()
 		if err != nil {
 			return err
 		}
@@ -171,9 +171,9 @@ func (n *netlinkReader) list(objectType string) ([]string, error) {
 // table is no error.
 func (n *netlinkReader) deleteTable(name string) error {
 	b := newNLBatch(n.nfproto(), name, 256)
-	m := b.msg(unix.NFT_MSG_DELTABLE, 0)
-	b.attrStr(unix.NFTA_TABLE_NAME, name)
-	b.finish(m)
+	m := b.Msg(unix.NFT_MSG_DELTABLE, 0)
+	b.AttrStr(unix.NFTA_TABLE_NAME, name)
+	b.Finish(m)
 	if err := b.send(); err != nil && !errors.Is(err, syscall.ENOENT) {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/nfnl"
 )
 
 // notification is one nf_tables notification as the kernel multicasts it.
@@ -22,14 +23,13 @@ type notification struct {
 func encodeNotifications(ns ...notification) []byte {
 	var out []byte
 	for _, n := range ns {
-		b := &nlBatch{fam: n.fam, seq: 1}
-		m := b.msg(n.typ, 0)
-		for _, k := range slices.Sorted(maps.Keys(n.attrs)) {
-			b.attrStr(k, n.attrs[k])
-		}
-		b.finish(m)
-		binary.NativeEndian.PutUint32(b.buf[m+12:], n.port)
-		out = append(out, b.buf...)
+		m := nfnl.Message(n.typ, 0, n.fam, func(b *nfnl.Batch) {
+			for _, k := range slices.Sorted(maps.Keys(n.attrs)) {
+				b.AttrStr(k, n.attrs[k])
+			}
+		})
+		binary.NativeEndian.PutUint32(m[12:], n.port)
+		out = append(out, m...)
 	}
 	return out
 }

@@ -27,13 +27,13 @@ const (
 )
 
 func (b *nlBatch) addTable(comment string) {
-	m := b.msg(unix.NFT_MSG_NEWTABLE, createFlags)
-	b.attrStr(unix.NFTA_TABLE_NAME, b.table)
-	b.attr(unix.NFTA_TABLE_FLAGS, be32(0))
+	m := b.Msg(unix.NFT_MSG_NEWTABLE, createFlags)
+	b.AttrStr(unix.NFTA_TABLE_NAME, b.table)
+	b.Attr(unix.NFTA_TABLE_FLAGS, be32(0))
 	if comment != "" {
-		b.attr(nftaTableUserdata, userdata.AppendString(nil, udataTableComment, comment))
+		b.Attr(nftaTableUserdata, userdata.AppendString(nil, udataTableComment, comment))
 	}
-	b.finish(m)
+	b.Finish(m)
 }
 
 var hookNums = map[knftables.BaseChainHook]uint32{
@@ -54,54 +54,54 @@ var priorities = map[knftables.BaseChainPriority]int32{
 
 // addChain adds a chain (a base chain when c.Hook is set).
 func (b *nlBatch) addChain(c *knftables.Chain) error {
-	m := b.msg(unix.NFT_MSG_NEWCHAIN, createFlags)
-	b.attrStr(unix.NFTA_CHAIN_TABLE, b.table)
-	b.attrStr(unix.NFTA_CHAIN_NAME, c.Name)
+	m := b.Msg(unix.NFT_MSG_NEWCHAIN, createFlags)
+	b.AttrStr(unix.NFTA_CHAIN_TABLE, b.table)
+	b.AttrStr(unix.NFTA_CHAIN_NAME, c.Name)
 	if c.Hook != nil {
 		hook, ok1 := hookNums[*c.Hook]
 		prio, ok2 := priorities[*c.Priority]
 		if !ok1 || !ok2 || c.Type == nil {
 			return fmt.Errorf("base chain %s: unsupported hook or priority", c.Name)
 		}
-		h := b.nest(unix.NFTA_CHAIN_HOOK)
-		b.attr(unix.NFTA_HOOK_HOOKNUM, be32(hook))
-		b.attr(unix.NFTA_HOOK_PRIORITY, be32(uint32(prio)))
-		b.end(h)
-		b.attr(unix.NFTA_CHAIN_POLICY, be32(nfAccept))
-		b.attrStr(unix.NFTA_CHAIN_TYPE, string(*c.Type))
+		h := b.Nest(unix.NFTA_CHAIN_HOOK)
+		b.Attr(unix.NFTA_HOOK_HOOKNUM, be32(hook))
+		b.Attr(unix.NFTA_HOOK_PRIORITY, be32(uint32(prio)))
+		b.End(h)
+		b.Attr(unix.NFTA_CHAIN_POLICY, be32(nfAccept))
+		b.AttrStr(unix.NFTA_CHAIN_TYPE, string(*c.Type))
 	}
-	b.finish(m)
+	b.Finish(m)
 	return nil
 }
 
 func (b *nlBatch) delChain(name string) {
-	m := b.msg(unix.NFT_MSG_DELCHAIN, 0)
-	b.attrStr(unix.NFTA_CHAIN_TABLE, b.table)
-	b.attrStr(unix.NFTA_CHAIN_NAME, name)
-	b.finish(m)
+	m := b.Msg(unix.NFT_MSG_DELCHAIN, 0)
+	b.AttrStr(unix.NFTA_CHAIN_TABLE, b.table)
+	b.AttrStr(unix.NFTA_CHAIN_NAME, name)
+	b.Finish(m)
 }
 
 // flushChain deletes every rule of a chain.
 func (b *nlBatch) flushChain(name string) {
-	m := b.msg(unix.NFT_MSG_DELRULE, 0)
-	b.attrStr(unix.NFTA_RULE_TABLE, b.table)
-	b.attrStr(unix.NFTA_RULE_CHAIN, name)
-	b.finish(m)
+	m := b.Msg(unix.NFT_MSG_DELRULE, 0)
+	b.AttrStr(unix.NFTA_RULE_TABLE, b.table)
+	b.AttrStr(unix.NFTA_RULE_CHAIN, name)
+	b.Finish(m)
 }
 
 // addRule appends a rule made of exprs to a chain.
 func (b *nlBatch) addRule(chain, text string, exprs []expr.Any) error {
-	m := b.msg(unix.NFT_MSG_NEWRULE, createFlags|unix.NLM_F_APPEND)
-	b.attrStr(unix.NFTA_RULE_TABLE, b.table)
-	b.attrStr(unix.NFTA_RULE_CHAIN, chain)
-	l := b.nest(unix.NFTA_RULE_EXPRESSIONS)
+	m := b.Msg(unix.NFT_MSG_NEWRULE, createFlags|unix.NLM_F_APPEND)
+	b.AttrStr(unix.NFTA_RULE_TABLE, b.table)
+	b.AttrStr(unix.NFTA_RULE_CHAIN, chain)
+	l := b.Nest(unix.NFTA_RULE_EXPRESSIONS)
 	for _, e := range exprs {
 		if err := b.appendExpr(e); err != nil {
 			return fmt.Errorf("rule %q: %w", text, err)
 		}
 	}
-	b.end(l)
-	b.finish(m)
+	b.End(l)
+	b.Finish(m)
 	return nil
 }
 
@@ -150,12 +150,12 @@ func (b *nlBatch) addSet(s *set) error {
 		flags |= unix.NFT_SET_MAP
 	}
 	b.setID++
-	m := b.msg(unix.NFT_MSG_NEWSET, createFlags)
-	b.attrStr(unix.NFTA_SET_TABLE, b.table)
-	b.attrStr(unix.NFTA_SET_NAME, s.Name)
-	b.attr(unix.NFTA_SET_FLAGS, be32(flags))
-	b.attr(unix.NFTA_SET_KEY_TYPE, be32(keyType))
-	b.attr(unix.NFTA_SET_KEY_LEN, be32(keyLen))
+	m := b.Msg(unix.NFT_MSG_NEWSET, createFlags)
+	b.AttrStr(unix.NFTA_SET_TABLE, b.table)
+	b.AttrStr(unix.NFTA_SET_NAME, s.Name)
+	b.Attr(unix.NFTA_SET_FLAGS, be32(flags))
+	b.Attr(unix.NFTA_SET_KEY_TYPE, be32(keyType))
+	b.Attr(unix.NFTA_SET_KEY_LEN, be32(keyLen))
 	if s.IsMap {
 		dataType, dataLen, err := typeOf(dataF)
 		if err != nil {
@@ -164,20 +164,20 @@ func (b *nlBatch) addSet(s *set) error {
 		if dataF[0] == "verdict" {
 			dataType = unix.NFT_DATA_VERDICT
 		}
-		b.attr(unix.NFTA_SET_DATA_TYPE, be32(dataType))
-		b.attr(unix.NFTA_SET_DATA_LEN, be32(dataLen))
+		b.Attr(unix.NFTA_SET_DATA_TYPE, be32(dataType))
+		b.Attr(unix.NFTA_SET_DATA_LEN, be32(dataLen))
 	}
 	if s.Timeout > 0 {
-		b.attr(unix.NFTA_SET_TIMEOUT, be64(uint64(s.Timeout.Milliseconds())))
+		b.Attr(unix.NFTA_SET_TIMEOUT, be64(uint64(s.Timeout.Milliseconds())))
 	}
 	if s.Size > 0 {
-		d := b.nest(unix.NFTA_SET_DESC)
-		b.attr(unix.NFTA_SET_DESC_SIZE, be32(uint32(min(s.Size, 1<<32-1))))
-		b.end(d)
+		d := b.Nest(unix.NFTA_SET_DESC)
+		b.Attr(unix.NFTA_SET_DESC_SIZE, be32(uint32(min(s.Size, 1<<32-1))))
+		b.End(d)
 	}
-	b.attr(unix.NFTA_SET_ID, be32(b.setID))
-	b.attr(unix.NFTA_SET_USERDATA, setUserdata(s))
-	b.finish(m)
+	b.Attr(unix.NFTA_SET_ID, be32(b.setID))
+	b.Attr(unix.NFTA_SET_USERDATA, setUserdata(s))
+	b.Finish(m)
 	return nil
 }
 
@@ -200,18 +200,18 @@ func setUserdata(s *set) []byte {
 }
 
 func (b *nlBatch) delSet(name string) {
-	m := b.msg(unix.NFT_MSG_DELSET, 0)
-	b.attrStr(unix.NFTA_SET_TABLE, b.table)
-	b.attrStr(unix.NFTA_SET_NAME, name)
-	b.finish(m)
+	m := b.Msg(unix.NFT_MSG_DELSET, 0)
+	b.AttrStr(unix.NFTA_SET_TABLE, b.table)
+	b.AttrStr(unix.NFTA_SET_NAME, name)
+	b.Finish(m)
 }
 
 // flushSet deletes every element of a set.
 func (b *nlBatch) flushSet(name string) {
-	m := b.msg(unix.NFT_MSG_DELSETELEM, 0)
-	b.attrStr(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
-	b.attrStr(unix.NFTA_SET_ELEM_LIST_SET, name)
-	b.finish(m)
+	m := b.Msg(unix.NFT_MSG_DELSETELEM, 0)
+	b.AttrStr(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
+	b.AttrStr(unix.NFTA_SET_ELEM_LIST_SET, name)
+	b.Finish(m)
 }
 
 // nlElem is one encoded element: key, and data or verdict for maps.
@@ -236,7 +236,7 @@ func (b *nlBatch) elements(set string, del bool) *elemWriter {
 
 func (w *elemWriter) add(e nlElem) {
 	b := w.b
-	if w.msg >= 0 && len(b.buf)-w.list > maxListBytes {
+	if w.msg >= 0 && b.Off()-w.list > maxListBytes {
 		w.close()
 	}
 	if w.msg < 0 {
@@ -244,41 +244,41 @@ func (w *elemWriter) add(e nlElem) {
 		if w.del {
 			typ, flags = unix.NFT_MSG_DELSETELEM, 0
 		}
-		w.msg = b.msg(typ, flags)
-		b.attrStr(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
-		b.attrStr(unix.NFTA_SET_ELEM_LIST_SET, w.set)
-		w.list = b.nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS)
+		w.msg = b.Msg(typ, flags)
+		b.AttrStr(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
+		b.AttrStr(unix.NFTA_SET_ELEM_LIST_SET, w.set)
+		w.list = b.Nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS)
 	}
-	el := b.nest(unix.NFTA_LIST_ELEM)
+	el := b.Nest(unix.NFTA_LIST_ELEM)
 	if e.intervalEnd {
-		b.attr(unix.NFTA_SET_ELEM_FLAGS, be32(unix.NFT_SET_ELEM_INTERVAL_END))
+		b.Attr(unix.NFTA_SET_ELEM_FLAGS, be32(unix.NFT_SET_ELEM_INTERVAL_END))
 	}
-	k := b.nest(unix.NFTA_SET_ELEM_KEY)
-	b.attr(unix.NFTA_DATA_VALUE, e.key)
-	b.end(k)
+	k := b.Nest(unix.NFTA_SET_ELEM_KEY)
+	b.Attr(unix.NFTA_DATA_VALUE, e.key)
+	b.End(k)
 	switch {
 	case e.verdict != nil:
-		d := b.nest(unix.NFTA_SET_ELEM_DATA)
-		v := b.nest(unix.NFTA_DATA_VERDICT)
-		b.attr(unix.NFTA_VERDICT_CODE, be32(uint32(e.verdict.Kind)))
+		d := b.Nest(unix.NFTA_SET_ELEM_DATA)
+		v := b.Nest(unix.NFTA_DATA_VERDICT)
+		b.Attr(unix.NFTA_VERDICT_CODE, be32(uint32(e.verdict.Kind)))
 		if e.verdict.Chain != "" {
-			b.attrStr(unix.NFTA_VERDICT_CHAIN, e.verdict.Chain)
+			b.AttrStr(unix.NFTA_VERDICT_CHAIN, e.verdict.Chain)
 		}
-		b.end(v)
-		b.end(d)
+		b.End(v)
+		b.End(d)
 	case e.data != nil:
-		d := b.nest(unix.NFTA_SET_ELEM_DATA)
-		b.attr(unix.NFTA_DATA_VALUE, e.data)
-		b.end(d)
+		d := b.Nest(unix.NFTA_SET_ELEM_DATA)
+		b.Attr(unix.NFTA_DATA_VALUE, e.data)
+		b.End(d)
 	}
-	b.end(el)
+	b.End(el)
 }
 
 // close ends the open message, if any.
 func (w *elemWriter) close() {
 	if w.msg >= 0 {
-		w.b.end(w.list)
-		w.b.finish(w.msg)
+		w.b.End(w.list)
+		w.b.Finish(w.msg)
 		w.msg = -1
 	}
 }
