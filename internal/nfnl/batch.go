@@ -326,37 +326,37 @@ func (b *Batch) Close() (parts [][]byte, ackSeq uint32, empty bool) {
 
 // Transmit sends the parts of a closed batch (ackSeq: the sequence number
 // of its message that asks for the acknowledgement) in one sendmsg on a
-// new socket of the calling thread's network namespace, and waits for the
-// kernel's verdict; opened, when set, sees the socket first.
+// socket of the calling thread's network namespace (WithSocket), and
+// waits for the kernel's verdict; opened, when set, sees the socket first.
 func Transmit(parts [][]byte, ackSeq uint32, describe func(seq uint32) string, opened func(fd int)) error {
 	size := 0
 	for _, p := range parts {
 		size += len(p)
 	}
-	fd, err := OpenSocket(size)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	if opened != nil {
-		opened(fd)
-	}
-	if _, err := unix.SendmsgBuffers(fd, parts, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0); err != nil {
-		return fmt.Errorf("sending netlink batch of %d bytes: %w", size, err)
-	}
-	return ReadAck(fd, ackSeq, describe)
+	return WithSocket(func(fd int) error {
+		if err := setSendBuffer(fd, size); err != nil {
+			return err
+		}
+		if opened != nil {
+			opened(fd)
+		}
+		if _, err := unix.SendmsgBuffers(fd, parts, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0); err != nil {
+			return fmt.Errorf("sending netlink batch of %d bytes: %w", size, err)
+		}
+		return ReadAck(fd, ackSeq, describe)
+	})
 }
 
 // OpenSocket opens a netfilter netlink socket able to take a batch of size
 // bytes in one message (the kernel takes a batch only whole), with
-// extended acks and a 30 s receive timeout.
+// extended acks and a 30 s receive timeout. Most callers want WithSocket.
 func OpenSocket(size int) (int, error) {
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
 	if err != nil {
 		return -1, fmt.Errorf("opening netfilter netlink socket: %w", err)
 	}
 	opts := []struct{ level, opt, val int }{
-		{unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, size + 64<<10},
+		{unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, max(size+64<<10, 256<<10)},
 		{unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4 << 20},
 		{unix.SOL_NETLINK, unix.NETLINK_CAP_ACK, 1},
 		{unix.SOL_NETLINK, unix.NETLINK_EXT_ACK, 1},

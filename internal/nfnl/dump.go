@@ -37,28 +37,30 @@ var ErrInterrupted = errors.New("the dump was interrupted by a concurrent change
 // table); a dump that was interrupted returns ErrInterrupted after it ran
 // to its end.
 func Dump(fam byte, typ uint16, attrs func(b *Batch), fn func(attrs []byte) error) error {
-	fd, err := OpenSocket(0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
+	return withSocket(func(fd int) (bool, error) { return dump(fd, fam, typ, attrs, fn) })
+}
+
+// dump runs one dump on fd; clean tells whether it was read to its end.
+func dump(fd int, fam byte, typ uint16, attrs func(b *Batch), fn func(attrs []byte) error) (clean bool, err error) {
 	if err := unix.Sendto(fd, Message(typ, unix.NLM_F_DUMP, fam, attrs), 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return fmt.Errorf("sending a netlink dump request: %w", err)
+		return false, fmt.Errorf("sending a netlink dump request: %w", err)
 	}
 	interrupted := false
 	rb := make([]byte, 1<<20)
 	for range 1 << 24 {
 		n, _, err := unix.Recvfrom(fd, rb, 0)
 		if err != nil {
-			return fmt.Errorf("reading a netlink dump: %w", err)
+			return false, fmt.Errorf("reading a netlink dump: %w", err)
 		}
 		var result error
+		ended := false
 		done := eachMsg(rb[:n], func(m []byte) bool {
 			if binary.NativeEndian.Uint16(m[6:])&unix.NLM_F_DUMP_INTR != 0 {
 				interrupted = true
 			}
 			switch binary.NativeEndian.Uint16(m[4:]) {
 			case unix.NLMSG_DONE:
+				ended = true
 				return true
 			case unix.NLMSG_ERROR:
 				if len(m) >= nlmsgHdrLen+4 {
@@ -66,6 +68,7 @@ func Dump(fam byte, typ uint16, attrs func(b *Batch), fn func(attrs []byte) erro
 						result = syscall.Errno(errno)
 					}
 				}
+				ended = true
 				return true
 			}
 			if len(m) >= nlmsgHdrLen+nfgenHdrLen {
@@ -77,10 +80,10 @@ func Dump(fam byte, typ uint16, attrs func(b *Batch), fn func(attrs []byte) erro
 			if result == nil && interrupted {
 				result = ErrInterrupted
 			}
-			return result
+			return ended, result
 		}
 	}
-	return errors.New("no end of the netlink dump")
+	return false, errors.New("no end of the netlink dump")
 }
 
 func chainNames(fam byte, table string) ([]string, error) {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netns"
+
+	"github.com/kproxy/kproxy/internal/nfnl"
 )
 
 // RequireRoot skips a privileged test, with the reason printed, when it
@@ -60,6 +62,9 @@ func NewLab(t testing.TB, prefix string) *Lab {
 		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
 		Run(t, "ip", "-n", ns, "link", "set", "lo", "up")
 	}
+	// Netlink sockets kept for reuse hold their namespace alive: close
+	// them before the namespaces go (cleanups run last-in first-out).
+	t.Cleanup(nfnl.CloseIdle)
 	veth := func(a, aIf, aIP, b, bIf, bIP string) {
 		Run(t, "ip", "-n", a, "link", "add", aIf, "type", "veth", "peer", "name", bIf, "netns", b)
 		Run(t, "ip", "-n", a, "addr", "add", aIP, "dev", aIf)

@@ -53,13 +53,17 @@ func (b *nlBatch) send() error { return b.SendFrom(recordOwnPort) }
 
 // rulesetGeneration returns the kernel's nftables generation number, which
 // every committed transaction (of anyone) increments.
-func rulesetGeneration() (uint32, error) {
-	fd, err := nfnl.OpenSocket(0)
-	if err != nil {
-		return 0, err
-	}
-	defer unix.Close(fd)
-	req := nfnl.Message(unix.NFT_MSG_GETGEN, unix.NLM_F_ACK, unix.AF_UNSPEC, nil)
+func rulesetGeneration() (gen uint32, err error) {
+	err = nfnl.WithSocket(func(fd int) error {
+		var err error
+		gen, err = queryGeneration(fd)
+		return err
+	})
+	return gen, err
+}
+
+func queryGeneration(fd int) (uint32, error) {
+	req := nfnl.Message(unix.NFT_MSG_GETGEN, 0, unix.AF_UNSPEC, nil)
 	if err := unix.Sendto(fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return 0, fmt.Errorf("asking for the nftables generation: %w", err)
 	}
