@@ -358,13 +358,15 @@ func addRule(b *nfnl.Batch, r *xtRule, fam model.Family, table, chain, text stri
 	m := b.Msg(unix.NFT_MSG_NEWRULE, flags)
 	b.AttrStr(unix.NFTA_RULE_TABLE, table)
 	b.AttrStr(unix.NFTA_RULE_CHAIN, chain)
-	// The hairpin rule of a KUBE-SEP chain gets no counter: the kernel
-	// allocates one per CPU for every counter, 100k of these cost ~0.6 s
-	// of a cold start at 10k Services × 10 endpoints, and what they would
-	// count (a pod reaching itself through its Service) is rarely read.
-	// The per-endpoint counts stay, on the DNAT rule and on the KUBE-SVC
-	// rule that picks the endpoint.
-	r.noCounter = strings.HasPrefix(chain, prefixSEP) && r.chain == chainMarkMasq
+	// Two kinds of per-endpoint rule get no counter: the kernel allocates
+	// one per CPU for every counter, and 100k of them cost ~0.6 s of a cold
+	// start at 10k Services × 10 endpoints. The hairpin rule of a KUBE-SEP
+	// chain counts what is rarely read (a pod reaching itself through its
+	// Service); the KUBE-SVC/KUBE-SVL rule that picks an endpoint counts
+	// what the endpoint's DNAT rule counts too. Each endpoint keeps that
+	// count, on its DNAT rule.
+	r.noCounter = strings.HasPrefix(chain, prefixSEP) && r.chain == chainMarkMasq ||
+		(strings.HasPrefix(chain, prefixSVC) || strings.HasPrefix(chain, prefixSVL)) && strings.HasPrefix(r.chain, prefixSEP)
 	l := b.Nest(unix.NFTA_RULE_EXPRESSIONS)
 	if err := r.encode(b); err != nil {
 		return fmt.Errorf("rule %q: %w", text, err)
