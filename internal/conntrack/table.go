@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -35,12 +36,16 @@ const maxAttempts = 3
 
 // NetlinkTable is the Table of the current network namespace, over netlink.
 type NetlinkTable struct {
+	mu     sync.Mutex // one walk at a time on the one socket
 	handle *netlink.Handle
 }
 
 // NewNetlinkTable returns a Table over netlink in the current network
-// namespace. It opens nothing until used.
-func NewNetlinkTable() *NetlinkTable { return &NetlinkTable{handle: &netlink.Handle{}} }
+// namespace. It opens its socket when first used, and keeps it: closing a
+// netfilter netlink socket right after a ruleset commit makes the kernel
+// wait for an RCU grace period (~12-15 ms here), which every sync paid
+// while the cleaner opened a socket per call.
+func NewNetlinkTable() *NetlinkTable { return &NetlinkTable{} }
 
 // NewNetlinkTableWith returns a Table using h, e.g. a handle opened in
 // another network namespace with netlink.NewHandleAt.
@@ -51,6 +56,15 @@ func (t *NetlinkTable) DeleteFlows(family model.Family, stale func(Flow) bool) (
 	fam := netlink.InetFamily(unix.AF_INET)
 	if family == model.IPv6 {
 		fam = unix.AF_INET6
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.handle == nil {
+		h, err := netlink.NewHandle(unix.NETLINK_NETFILTER)
+		if err != nil {
+			return 0, fmt.Errorf("opening a conntrack netlink socket: %w", err)
+		}
+		t.handle = h
 	}
 	total := 0
 	var err error

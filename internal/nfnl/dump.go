@@ -136,3 +136,44 @@ func EachAttr(b []byte, fn func(typ uint16, data []byte)) {
 		b = b[min((l+3)&^3, len(b)):]
 	}
 }
+
+// Get sends one request of type typ that is not a dump (attributes
+// written by attrs) in the calling thread's network namespace and returns
+// the attributes of its reply, or the errno of an error reply
+// (syscall.Errno: ENOENT for a missing object).
+func Get(fam byte, typ uint16, attrs func(b *Batch)) ([]byte, error) {
+	var out []byte
+	err := withSocket(func(fd int) (bool, error) {
+		if err := unix.Sendto(fd, Message(typ, 0, fam, attrs), 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+			return false, fmt.Errorf("sending a netlink request: %w", err)
+		}
+		rb := make([]byte, 64<<10)
+		n, _, err := unix.Recvfrom(fd, rb, 0)
+		if err != nil {
+			return false, fmt.Errorf("reading a netlink reply: %w", err)
+		}
+		var result error
+		got := eachMsg(rb[:n], func(m []byte) bool {
+			switch {
+			case binary.NativeEndian.Uint16(m[4:]) == unix.NLMSG_ERROR:
+				result = syscall.EIO
+				if len(m) >= nlmsgHdrLen+4 {
+					result = nil
+					if errno := -int32(binary.NativeEndian.Uint32(m[nlmsgHdrLen:])); errno != 0 {
+						result = syscall.Errno(errno)
+					}
+				}
+			case len(m) >= nlmsgHdrLen+nfgenHdrLen:
+				out = append([]byte(nil), m[nlmsgHdrLen+nfgenHdrLen:]...)
+			default:
+				return false
+			}
+			return true
+		})
+		if !got {
+			return false, errors.New("no reply to a netlink request")
+		}
+		return true, result
+	})
+	return out, err
+}

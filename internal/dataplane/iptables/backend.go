@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
 	"github.com/kproxy/kproxy/internal/model"
@@ -155,21 +154,14 @@ func HasTables(b Backend, fam model.Family) bool {
 		}
 		return err != nil || strings.TrimSpace(string(data)) != ""
 	}
-	conn, err := nftables.New()
-	if err != nil {
-		return true
-	}
-	tables, err := conn.ListTablesOfFamily(nftFamily(fam))
-	if err != nil {
-		return true
-	}
-	return slices.ContainsFunc(tables, func(t *nftables.Table) bool { return slices.Contains(tableNames, t.Name) })
-}
-
-// nftFamily is the nf_tables family of iptables-nft's tables of fam.
-func nftFamily(fam model.Family) nftables.TableFamily {
-	if fam == model.IPv6 {
-		return nftables.TableFamilyIPv6
-	}
-	return nftables.TableFamilyIPv4
+	found := false
+	err := nfnl.Dump(nfproto(fam), unix.NFT_MSG_GETTABLE, nil, func(attrs []byte) error {
+		nfnl.EachAttr(attrs, func(typ uint16, data []byte) {
+			if typ == unix.NFTA_TABLE_NAME && slices.Contains(tableNames, strings.TrimRight(string(data), "\x00")) {
+				found = true
+			}
+		})
+		return nil
+	})
+	return err != nil && !errors.Is(err, nfnl.ErrInterrupted) || found
 }

@@ -2,11 +2,13 @@ package iptables
 
 import (
 	"context"
+	"errors"
 	"strings"
 
-	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
 
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/nfnl"
 )
 
 // canaryOK reports whether table's KUBE-PROXY-CANARY chain of family fam
@@ -30,11 +32,13 @@ func (p *Proxier) canaryOK(ctx context.Context, fam model.Family, table string) 
 // netlinkCanaryOK reads the canary chain's rules of an iptables-nft table
 // (nf_tables table "nat", "filter" or "mangle" of family ip or ip6).
 func netlinkCanaryOK(fam model.Family, table string) bool {
-	conn, err := nftables.New()
-	if err != nil {
-		return false
-	}
-	t := &nftables.Table{Name: table, Family: nftFamily(fam)}
-	rules, err := conn.GetRules(t, &nftables.Chain{Name: chainCanary, Table: t})
-	return err == nil && len(rules) > 0
+	rules := 0
+	err := nfnl.Dump(nfproto(fam), unix.NFT_MSG_GETRULE, func(b *nfnl.Batch) {
+		b.AttrStr(unix.NFTA_RULE_TABLE, table)
+		b.AttrStr(unix.NFTA_RULE_CHAIN, chainCanary)
+	}, func([]byte) error {
+		rules++
+		return nil
+	})
+	return (err == nil || errors.Is(err, nfnl.ErrInterrupted)) && rules > 0
 }

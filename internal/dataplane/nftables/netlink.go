@@ -9,14 +9,17 @@ import (
 
 	gnftables "github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
 
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/nfnl"
 )
 
 // netlinkReader reads elements and rule counts over netlink. The nft CLI
 // fetches its cache of the whole table for any listing (seconds at 10k
 // Services); a netlink dump of one set or one chain costs milliseconds.
-// Each call opens its socket in the calling thread's network namespace.
+// Each call uses a socket of the calling thread's network namespace
+// (nfnl.WithSocket).
 type netlinkReader struct {
 	table *gnftables.Table
 }
@@ -31,26 +34,29 @@ func newNetlinkReader(f model.Family, table string) *netlinkReader {
 
 // ruleCount returns the number of rules in chain.
 func (n *netlinkReader) ruleCount(chain string) (int, error) {
-	conn, err := gnftables.New()
-	if err != nil {
-		return 0, err
-	}
-	rules, err := conn.GetRules(n.table, &gnftables.Chain{Name: chain, Table: n.table})
-	return len(rules), err
+	rules := 0
+	err := n.dump(unix.NFT_MSG_GETRULE, func(b *nlBatch) {
+		b.AttrStr(unix.NFTA_RULE_TABLE, b.table)
+		b.AttrStr(unix.NFTA_RULE_CHAIN, chain)
+	}, func([]byte) error {
+		rules++
+		return nil
+	})
+	return rules, err
 }
 
 // missingChain asks for each chain by name (the table may hold tens of
 // thousands of chains; listing them all costs 100+ ms).
 func (n *netlinkReader) missingChain(names []string) (string, error) {
-	conn, err := gnftables.New()
-	if err != nil {
-		return "", err
-	}
 	for _, name := range names {
-		if _, err := conn.ListChain(n.table, name); err != nil {
-			if isNotFound(err) {
-				return name, nil
-			}
+		_, err := nfnl.Get(n.nfproto(), unix.NFT_MSG_GETCHAIN, func(b *nfnl.Batch) {
+			b.AttrStr(unix.NFTA_CHAIN_TABLE, n.table.Name)
+			b.AttrStr(unix.NFTA_CHAIN_NAME, name)
+		})
+		if isNotFound(err) {
+			return name, nil
+		}
+		if err != nil {
 			return "", err
 		}
 	}

@@ -2,11 +2,12 @@ package nftables
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"syscall"
 
-	gnftables "github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
 	"github.com/kproxy/kproxy/internal/dataplane"
@@ -143,28 +144,24 @@ func (k *nlKernel) MissingChain(_ context.Context, names []string) (string, erro
 
 // list returns the names of objects of a type in the table.
 func (n *netlinkReader) list(objectType string) ([]string, error) {
-	conn, err := gnftables.New()
-	if err != nil {
-		return nil, err
-	}
-	var names []string
 	switch objectType {
 	case "chain":
 		return n.chainNames()
 	case "set", "map":
-		sets, err := conn.GetSets(n.table)
-		if err != nil {
-			return nil, err
-		}
-		for _, s := range sets {
-			if s.IsMap == (objectType == "map") {
-				names = append(names, s.Name)
+		var names []string
+		err := n.dump(unix.NFT_MSG_GETSET, func(b *nlBatch) {
+			b.AttrStr(unix.NFTA_SET_TABLE, b.table)
+		}, func(attrs []byte) error {
+			flags := attr(attrs, unix.NFTA_SET_FLAGS)
+			isMap := len(flags) == 4 && binary.BigEndian.Uint32(flags)&unix.NFT_SET_MAP != 0
+			if name := attr(attrs, unix.NFTA_SET_NAME); len(name) > 0 && isMap == (objectType == "map") {
+				names = append(names, strings.TrimRight(string(name), "\x00"))
 			}
-		}
-	default:
-		return nil, fmt.Errorf("cannot list %ss", objectType)
+			return nil
+		})
+		return names, err
 	}
-	return names, nil
+	return nil, fmt.Errorf("cannot list %ss", objectType)
 }
 
 // deleteTable deletes a table of the reader's family by name; a missing
