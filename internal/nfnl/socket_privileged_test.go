@@ -1,6 +1,8 @@
 package nfnl_test
 
 import (
+	"errors"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -56,6 +58,18 @@ func TestPrivilegedSocketReuse(t *testing.T) {
 		}
 		if names, err := nfnl.ChainNames(unix.NFPROTO_IPV4, "missing"); err != nil || names != nil {
 			t.Errorf("chains of a missing table: %q, %v", names, err)
+		}
+		get := func(chain string) ([]byte, error) {
+			return nfnl.Get(unix.NFPROTO_IPV4, unix.NFT_MSG_GETCHAIN, func(b *nfnl.Batch) {
+				b.AttrStr(unix.NFTA_CHAIN_TABLE, "nfnltest")
+				b.AttrStr(unix.NFTA_CHAIN_NAME, chain)
+			})
+		}
+		if attrs, err := get("c1"); err != nil || !strings.Contains(string(attrs), "c1\x00") {
+			t.Errorf("get chain c1: %q, %v", attrs, err)
+		}
+		if _, err := get("c2"); !errors.Is(err, unix.ENOENT) {
+			t.Errorf("get a missing chain: %v, want ENOENT", err)
 		}
 	})
 	if again := used(l.Node); again != first {
