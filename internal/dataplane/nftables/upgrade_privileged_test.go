@@ -16,23 +16,34 @@ import (
 	"github.com/kproxy/kproxy/internal/model"
 )
 
-// TestPrivilegedUpgradeFromPreviousLayout: a table the previous version
-// wrote (testdata/previous-layout.nft: exact-key endpoints maps, verdict
-// maps for frontends without endpoints, policy chains named by endpoint
-// count) is taken over by one full sync, and its leftovers (old chains,
-// then the maps only they used) are deleted once unreferenced, leaving
-// exactly what a fresh table would hold.
+// TestPrivilegedUpgradeFromPreviousLayout: a table an earlier version
+// wrote is taken over by one full sync, and its leftovers (old chains, then
+// the maps only they used) are deleted once unreferenced, leaving exactly
+// what a fresh table would hold. testdata/previous-layout.nft has
+// exact-key endpoints maps, verdict maps for frontends without endpoints
+// and policy chains named by endpoint count; testdata/32-maps-layout.nft
+// (the features golden of session 9) has 32 TCP endpoint-ranges maps,
+// whose chains mostly hash to other maps now.
 func TestPrivilegedUpgradeFromPreviousLayout(t *testing.T) {
+	for _, tc := range []struct{ file, keptUntilUnused string }{
+		{"testdata/previous-layout.nft", "map endpoints-tcp-"},
+		{"testdata/32-maps-layout.nft", ""},
+	} {
+		t.Run(filepath.Base(tc.file), func(t *testing.T) { upgradeFrom(t, tc.file, tc.keptUntilUnused) })
+	}
+}
+
+func upgradeFrom(t *testing.T, file, keptUntilUnused string) {
 	n := newTestNet(t)
-	old, err := os.ReadFile("testdata/previous-layout.nft")
+	old, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	file := filepath.Join(t.TempDir(), "old.nft")
-	if err := os.WriteFile(file, []byte(withoutAffinityLookups(string(old))), 0o600); err != nil {
+	loaded := filepath.Join(t.TempDir(), "old.nft")
+	if err := os.WriteFile(loaded, []byte(withoutAffinityLookups(string(old))), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	dptest.Run(t, "ip", "netns", "exec", n.Node, "nft", "-f", file)
+	dptest.Run(t, "ip", "netns", "exec", n.Node, "nft", "-f", loaded)
 
 	cfg := dptest.Config()
 	cfg.Families = []model.Family{model.IPv4, model.IPv6}
@@ -41,7 +52,7 @@ func TestPrivilegedUpgradeFromPreviousLayout(t *testing.T) {
 	p, _ := New(cfg, WithClock(clk))
 	snap := featureSnapshot()
 	n.sync(p, snap, dataplane.SyncRequest{Full: true})
-	if l := listTable(t, n.Node, "ip"); !strings.Contains(l, "map endpoints-tcp-") {
+	if l := listTable(t, n.Node, "ip"); keptUntilUnused != "" && !strings.Contains(l, keptUntilUnused) {
 		t.Error("the old endpoints maps went in the takeover, while old chains may still use them")
 	}
 	clk.SetTime(clk.Now().Add(2 * staleDelay))
