@@ -81,6 +81,7 @@ func sampleIndexes(n int) []int {
 // objectSet describes every object of one benchmark size.
 type objectSet struct {
 	n, m     int
+	affinity bool // every tenth bulk Service has ClientIP affinity
 	sample   map[int]bool
 	realPods []realPod // the echo pods the sample and dp Services use
 }
@@ -91,8 +92,8 @@ type realPod struct {
 	node, zone string
 }
 
-func newObjectSet(n, m int, pods []realPod) *objectSet {
-	s := &objectSet{n: n, m: m, sample: map[int]bool{}, realPods: pods}
+func newObjectSet(n, m int, affinity bool, pods []realPod) *objectSet {
+	s := &objectSet{n: n, m: m, affinity: affinity, sample: map[int]bool{}, realPods: pods}
 	for _, i := range sampleIndexes(n) {
 		s.sample[i] = true
 	}
@@ -121,7 +122,7 @@ func (s *objectSet) service(i int) *v1.Service {
 	if svc.Spec.Type != v1.ServiceTypeClusterIP && (i/10)%4 == 1 {
 		svc.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
 	}
-	if i%10 == 3 {
+	if i%10 == 3 && s.affinity {
 		svc.Spec.SessionAffinity = v1.ServiceAffinityClientIP
 	}
 	if i%25 == 7 {

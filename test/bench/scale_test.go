@@ -100,7 +100,7 @@ func newSuite(t *testing.T, p params) *suite {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &suite{p: p, cp: cp, writers: ws, objs: newObjectSet(p.services, p.endpoints, plannedPods())}
+	s := &suite{p: p, cp: cp, writers: ws, objs: newObjectSet(p.services, p.endpoints, p.affinity > 0, plannedPods())}
 	if err := cp.EnsureNamespace(ctx, benchNS); err != nil {
 		t.Fatal(err)
 	}
