@@ -27,13 +27,15 @@ var idle = struct {
 	fds map[nsID][]int
 }{fds: map[nsID][]int{}}
 
-// currentNS identifies the calling thread's network namespace.
-func currentNS() (nsID, error) {
+// currentNS identifies the calling thread's network namespace. Without
+// /proc (never seen on a node) every caller shares one pool, which is right
+// for a daemon that stays in its namespace.
+func currentNS() nsID {
 	var st unix.Stat_t
 	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
-		return nsID{}, fmt.Errorf("identifying the network namespace: %w", err)
+		return nsID{}
 	}
-	return nsID{st.Dev, st.Ino}, nil
+	return nsID{st.Dev, st.Ino}
 }
 
 // WithSocket runs fn with a netfilter netlink socket of the calling
@@ -51,10 +53,7 @@ func WithSocket(fn func(fd int) error) error {
 // withSocket is WithSocket where fn tells whether the socket is left clean
 // (an error reply that ended a dump leaves nothing to read).
 func withSocket(fn func(fd int) (clean bool, err error)) error {
-	ns, err := currentNS()
-	if err != nil {
-		return err
-	}
+	ns := currentNS()
 	fd := -1
 	idle.Lock()
 	if free := idle.fds[ns]; len(free) > 0 {
@@ -63,6 +62,7 @@ func withSocket(fn func(fd int) (clean bool, err error)) error {
 	}
 	idle.Unlock()
 	if fd < 0 {
+		var err error
 		if fd, err = OpenSocket(0); err != nil {
 			return err
 		}
