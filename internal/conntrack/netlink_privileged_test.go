@@ -28,8 +28,8 @@ func requireRoot(t *testing.T) {
 }
 
 // newNetnsHandle returns a netlink handle in a fresh, anonymous network
-// namespace that disappears when the test ends.
-func newNetnsHandle(t *testing.T) *netlink.Handle {
+// namespace that disappears when the test ends, and the namespace.
+func newNetnsHandle(t *testing.T) (*netlink.Handle, netns.NsHandle) {
 	t.Helper()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -51,7 +51,28 @@ func newNetnsHandle(t *testing.T) *netlink.Handle {
 		t.Fatalf("netlink handle in netns: %v", err)
 	}
 	t.Cleanup(func() { h.Close(); ns.Close() })
-	return h
+	return h, ns
+}
+
+// inNetns runs fn on a locked thread inside ns.
+func inNetns(t *testing.T, ns netns.NsHandle, fn func()) {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	if err := netns.Set(ns); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := netns.Set(orig); err != nil {
+			panic(err) // the thread must not go back to the pool in ns
+		}
+	}()
+	fn()
 }
 
 func ctFlow(proto uint8, client, service, endpoint netip.AddrPort) *netlink.ConntrackFlow {
@@ -72,7 +93,7 @@ func ctFlow(proto uint8, client, service, endpoint netip.AddrPort) *netlink.Conn
 // network namespace and checks that exactly the stale ones are deleted.
 func TestPrivilegedNetlinkDeleteFlows(t *testing.T) {
 	requireRoot(t)
-	h := newNetnsHandle(t)
+	h, ns := newNetnsHandle(t)
 	ap := netip.MustParseAddrPort
 	tests := []struct {
 		family  model.Family
@@ -108,7 +129,21 @@ func TestPrivilegedNetlinkDeleteFlows(t *testing.T) {
 				Endpoints: []*model.Endpoint{{IP: keep.Addr(), Port: keep.Port(), Ready: true, Serving: true}},
 			}
 			snap := &model.FamilySnapshot{Family: tc.family, Ports: []*model.ServicePort{port}}
-			n, err := NewNetlinkTableWith(h).DeleteFlows(tc.family, NewPlan(nil, snap, true).Stale)
+			var n int
+			var err error
+			if tc.family == model.IPv6 {
+				n, err = NewNetlinkTableWith(h).DeleteFlows(tc.family, NewPlan(nil, snap, true).Stale)
+			} else {
+				// The daemon's table: its socket opened on first use in the
+				// calling thread's namespace, and kept.
+				inNetns(t, ns, func() {
+					tbl := NewNetlinkTable()
+					n, err = tbl.DeleteFlows(tc.family, NewPlan(nil, snap, true).Stale)
+					if again, err2 := tbl.DeleteFlows(tc.family, NewPlan(nil, snap, true).Stale); again != 0 || err2 != nil {
+						t.Errorf("second DeleteFlows on the kept socket = %d, %v; want 0, nil", again, err2)
+					}
+				})
+			}
 			if err != nil || n != 1 {
 				t.Fatalf("DeleteFlows() = %d, %v; want 1 deleted", n, err)
 			}

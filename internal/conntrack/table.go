@@ -38,6 +38,7 @@ const maxAttempts = 3
 type NetlinkTable struct {
 	mu     sync.Mutex // one walk at a time on the one socket
 	handle *netlink.Handle
+	owned  bool // handle was opened here (and is replaced after a failure)
 }
 
 // NewNetlinkTable returns a Table over netlink in the current network
@@ -64,7 +65,13 @@ func (t *NetlinkTable) DeleteFlows(family model.Family, stale func(Flow) bool) (
 		if err != nil {
 			return 0, fmt.Errorf("opening a conntrack netlink socket: %w", err)
 		}
-		t.handle = h
+		// A kept socket has no default timeout: a lost reply must not
+		// block every later sync.
+		if err := h.SetSocketTimeout(socketTimeout); err != nil {
+			h.Close()
+			return 0, fmt.Errorf("setting the conntrack netlink socket's timeout: %w", err)
+		}
+		t.handle, t.owned = h, true
 	}
 	total := 0
 	var err error
@@ -80,10 +87,19 @@ func (t *NetlinkTable) DeleteFlows(family model.Family, stale func(Flow) bool) (
 	case errors.Is(err, netlink.ErrDumpInterrupted):
 		return total, fmt.Errorf("%w: %w", ErrPartial, err)
 	case err != nil:
+		// The socket may hold the rest of a dump: the next call opens
+		// another.
+		if t.owned {
+			t.handle.Close()
+			t.handle = nil
+		}
 		return total, fmt.Errorf("deleting %s conntrack entries: %w", family, err)
 	}
 	return total, nil
 }
+
+// socketTimeout bounds each read and write on the kept socket.
+const socketTimeout = 30 * time.Second
 
 // tcpConntrackSynSent is the kernel's TCP_CONNTRACK_SYN_SENT.
 const tcpConntrackSynSent = 1

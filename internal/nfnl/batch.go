@@ -12,6 +12,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -43,6 +44,8 @@ type Batch struct {
 	last      int
 	lastChunk int
 	hasMsg    bool
+	closed    bool // Close ran; ackSeq is the acknowledged message
+	ackSeq    uint32
 }
 
 const (
@@ -165,10 +168,13 @@ func (b *Batch) Msg(typ uint16, flags uint16) int {
 	return start
 }
 
+// requestSeq numbers every request made with Message.
+const requestSeq = 1
+
 // Message returns one nf_tables request of type typ outside a batch (a
 // dump or a query), its attributes written by attrs (may be nil).
 func Message(typ, flags uint16, fam byte, attrs func(b *Batch)) []byte {
-	b := &Batch{buf: make([]byte, 0, 256), fam: fam, seq: 1}
+	b := &Batch{buf: make([]byte, 0, 256), fam: fam, seq: requestSeq}
 	start := b.header(subsysNFTables<<8|typ, unix.NLM_F_REQUEST|flags, fam)
 	if attrs != nil {
 		attrs(b)
@@ -309,6 +315,9 @@ func (b *Batch) Close() (parts [][]byte, ackSeq uint32, empty bool) {
 	if !b.hasMsg {
 		return nil, 0, true
 	}
+	if b.closed {
+		return b.chunks, b.ackSeq, false
+	}
 	last := b.buf
 	if b.lastChunk < len(b.chunks) {
 		last = b.chunks[b.lastChunk]
@@ -321,6 +330,7 @@ func (b *Batch) Close() (parts [][]byte, ackSeq uint32, empty bool) {
 	binary.NativeEndian.PutUint32(b.buf[end:], uint32(len(b.buf)-end))
 	b.chunks = append(b.chunks, b.buf)
 	b.buf = nil
+	b.closed, b.ackSeq = true, ackSeq
 	return b.chunks, ackSeq, false
 }
 
@@ -389,21 +399,31 @@ func (b *Batch) Release() {
 // describe names the message with sequence number seq, found in the
 // batch's bytes.
 func (b *Batch) describe(seq uint32) string {
+	if seq <= 1 {
+		return "netlink batch" // the batch-begin message: the whole batch
+	}
 	parts := b.chunks
 	if b.buf != nil {
 		parts = append(parts[:len(parts):len(parts)], b.buf)
 	}
+	// Sequence numbers rise through the parts, and a part starts with a
+	// whole message: scan only the part that holds seq (a rejected full
+	// sync may report thousands of messages of a 150 MB batch).
+	i := sort.Search(len(parts), func(i int) bool {
+		return len(parts[i]) >= nlmsgHdrLen && binary.NativeEndian.Uint32(parts[i][8:]) > seq
+	}) - 1
+	if i < 0 {
+		return "netlink batch"
+	}
 	var found []byte
-	for _, part := range parts {
-		if eachMsg(part, func(m []byte) bool {
-			if binary.NativeEndian.Uint32(m[8:]) == seq {
-				found = m
-				return true
-			}
-			return false
-		}) {
-			return describeMsg(found)
+	if eachMsg(parts[i], func(m []byte) bool {
+		if binary.NativeEndian.Uint32(m[8:]) == seq {
+			found = m
+			return true
 		}
+		return false
+	}) {
+		return describeMsg(found)
 	}
 	return "netlink batch"
 }

@@ -60,6 +60,12 @@ func dump(fd int, fam byte, typ uint16, attrs func(b *Batch), fn func(attrs []by
 			}
 			switch binary.NativeEndian.Uint16(m[4:]) {
 			case unix.NLMSG_DONE:
+				// A dump that failed midway says so in DONE's payload.
+				if len(m) >= nlmsgHdrLen+4 {
+					if errno := -int32(binary.NativeEndian.Uint32(m[nlmsgHdrLen:])); errno > 0 {
+						result = syscall.Errno(errno)
+					}
+				}
 				ended = true
 				return true
 			case unix.NLMSG_ERROR:
@@ -142,6 +148,8 @@ func EachAttr(b []byte, fn func(typ uint16, data []byte)) {
 // the attributes of its reply, or the errno of an error reply
 // (syscall.Errno: ENOENT for a missing object).
 func Get(fam byte, typ uint16, attrs func(b *Batch)) ([]byte, error) {
+	// nf_tables answers GET<object> with NEW<object>, numbered one below.
+	reply := uint16(subsysNFTables<<8 | (typ - 1))
 	var out []byte
 	err := withSocket(func(fd int) (bool, error) {
 		if err := unix.Sendto(fd, Message(typ, 0, fam, attrs), 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
@@ -154,8 +162,11 @@ func Get(fam byte, typ uint16, attrs func(b *Batch)) ([]byte, error) {
 		}
 		var result error
 		got := eachMsg(rb[:n], func(m []byte) bool {
-			switch {
-			case binary.NativeEndian.Uint16(m[4:]) == unix.NLMSG_ERROR:
+			if binary.NativeEndian.Uint32(m[8:]) != requestSeq {
+				return false
+			}
+			switch binary.NativeEndian.Uint16(m[4:]) {
+			case unix.NLMSG_ERROR:
 				result = syscall.EIO
 				if len(m) >= nlmsgHdrLen+4 {
 					result = nil
@@ -163,7 +174,10 @@ func Get(fam byte, typ uint16, attrs func(b *Batch)) ([]byte, error) {
 						result = syscall.Errno(errno)
 					}
 				}
-			case len(m) >= nlmsgHdrLen+nfgenHdrLen:
+			case reply:
+				if len(m) < nlmsgHdrLen+nfgenHdrLen {
+					return false
+				}
 				out = append([]byte(nil), m[nlmsgHdrLen+nfgenHdrLen:]...)
 			default:
 				return false
@@ -171,7 +185,7 @@ func Get(fam byte, typ uint16, attrs func(b *Batch)) ([]byte, error) {
 			return true
 		})
 		if !got {
-			return false, errors.New("no reply to a netlink request")
+			return false, errors.New("no reply to a netlink request (or another one)")
 		}
 		return true, result
 	})

@@ -32,10 +32,14 @@ var idle = struct {
 // for a daemon that stays in its namespace.
 func currentNS() nsID {
 	var st unix.Stat_t
-	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
-		return nsID{}
+	if err := unix.Stat("/proc/thread-self/ns/net", &st); err == nil {
+		return nsID{st.Dev, st.Ino}
 	}
-	return nsID{st.Dev, st.Ino}
+	// Kernels before 3.17 have no thread-self.
+	if err := unix.Stat(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), &st); err == nil {
+		return nsID{st.Dev, st.Ino}
+	}
+	return nsID{}
 }
 
 // WithSocket runs fn with a netfilter netlink socket of the calling
@@ -61,13 +65,15 @@ func withSocket(fn func(fd int) (clean bool, err error)) error {
 		idle.fds[ns] = free[:len(free)-1]
 	}
 	idle.Unlock()
+	if fd >= 0 && !drain(fd) {
+		closeSocket(fd)
+		fd = -1
+	}
 	if fd < 0 {
 		var err error
 		if fd, err = OpenSocket(0); err != nil {
 			return err
 		}
-	} else {
-		drain(fd)
 	}
 	clean, err := fn(fd)
 	if !clean {
@@ -97,18 +103,37 @@ func CloseIdle() {
 	}
 }
 
+// IdleSockets is how many sockets are kept, in every namespace.
+func IdleSockets() int {
+	idle.Lock()
+	defer idle.Unlock()
+	n := 0
+	for _, fds := range idle.fds {
+		n += len(fds)
+	}
+	return n
+}
+
 // closeSocket closes fd in the background (see above: the close may wait
 // for a grace period).
 func closeSocket(fd int) { go unix.Close(fd) }
 
-// drain discards anything queued on fd.
-func drain(fd int) {
+// drain discards anything queued on fd; false when fd is not known to be
+// empty afterwards.
+func drain(fd int) bool {
 	buf := make([]byte, 8192)
 	for range 1 << 16 {
-		if _, _, err := unix.Recvfrom(fd, buf, unix.MSG_DONTWAIT); err != nil {
-			return
+		_, _, err := unix.Recvfrom(fd, buf, unix.MSG_DONTWAIT)
+		switch {
+		case err == nil, err == unix.ENOBUFS, err == unix.EINTR:
+			continue // an overrun is reported first; data may follow
+		case err == unix.EAGAIN:
+			return true
+		default:
+			return false
 		}
 	}
+	return false
 }
 
 // setSendBuffer lets fd take a batch of size bytes in one message (the

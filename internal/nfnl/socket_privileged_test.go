@@ -33,14 +33,6 @@ func TestPrivilegedSocketReuse(t *testing.T) {
 		t.Errorf("the pod namespace got the node's socket %d", other)
 	}
 	l.In(l.Node, func() {
-		// Leave a generation reply unread on the kept socket.
-		err := nfnl.WithSocket(func(fd int) error {
-			return unix.Sendto(fd, nfnl.Message(unix.NFT_MSG_GETGEN, 0, unix.AF_UNSPEC, nil), 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		// A batch on the same socket reads its own acknowledgement.
 		b := nfnl.NewBatch(unix.NFPROTO_IPV4, nil, 0)
 		m := b.Msg(unix.NFT_MSG_NEWTABLE, unix.NLM_F_CREATE)
 		b.AttrStr(unix.NFTA_TABLE_NAME, "nfnltest")
@@ -52,6 +44,27 @@ func TestPrivilegedSocketReuse(t *testing.T) {
 		if err := b.Send(); err != nil {
 			t.Fatal(err)
 		}
+		getChain := func(chain string) func(b *nfnl.Batch) {
+			return func(b *nfnl.Batch) {
+				b.AttrStr(unix.NFTA_CHAIN_TABLE, "nfnltest")
+				b.AttrStr(unix.NFTA_CHAIN_NAME, chain)
+			}
+		}
+		// Leave an error reply (ENOENT, same sequence number as every
+		// request) unread on the kept socket: the next user must not
+		// take it for its own.
+		err := nfnl.WithSocket(func(fd int) error {
+			return unix.Sendto(fd, nfnl.Message(unix.NFT_MSG_GETCHAIN, 0, unix.NFPROTO_IPV4, getChain("c2")), 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if attrs, err := nfnl.Get(unix.NFPROTO_IPV4, unix.NFT_MSG_GETCHAIN, getChain("c1")); err != nil || !strings.Contains(string(attrs), "c1\x00") {
+			t.Errorf("get chain c1 after an unread reply: %q, %v", attrs, err)
+		}
+		if _, err := nfnl.Get(unix.NFPROTO_IPV4, unix.NFT_MSG_GETCHAIN, getChain("c2")); !errors.Is(err, unix.ENOENT) {
+			t.Errorf("get a missing chain: %v, want ENOENT", err)
+		}
 		names, err := nfnl.ChainNames(unix.NFPROTO_IPV4, "nfnltest")
 		if err != nil || len(names) != 1 || names[0] != "c1" {
 			t.Errorf("chains %q, %v; want [c1]", names, err)
@@ -59,24 +72,15 @@ func TestPrivilegedSocketReuse(t *testing.T) {
 		if names, err := nfnl.ChainNames(unix.NFPROTO_IPV4, "missing"); err != nil || names != nil {
 			t.Errorf("chains of a missing table: %q, %v", names, err)
 		}
-		get := func(chain string) ([]byte, error) {
-			return nfnl.Get(unix.NFPROTO_IPV4, unix.NFT_MSG_GETCHAIN, func(b *nfnl.Batch) {
-				b.AttrStr(unix.NFTA_CHAIN_TABLE, "nfnltest")
-				b.AttrStr(unix.NFTA_CHAIN_NAME, chain)
-			})
-		}
-		if attrs, err := get("c1"); err != nil || !strings.Contains(string(attrs), "c1\x00") {
-			t.Errorf("get chain c1: %q, %v", attrs, err)
-		}
-		if _, err := get("c2"); !errors.Is(err, unix.ENOENT) {
-			t.Errorf("get a missing chain: %v, want ENOENT", err)
-		}
 	})
 	if again := used(l.Node); again != first {
 		t.Errorf("after a batch and dumps the node used socket %d, want the kept %d", again, first)
 	}
+	if n := nfnl.IdleSockets(); n == 0 {
+		t.Error("no socket kept")
+	}
 	nfnl.CloseIdle()
-	if fresh := used(l.Pod); fresh < 0 {
-		t.Error("no socket after CloseIdle")
+	if n := nfnl.IdleSockets(); n != 0 {
+		t.Errorf("%d sockets kept after CloseIdle", n)
 	}
 }

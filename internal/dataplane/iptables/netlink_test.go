@@ -1,11 +1,15 @@
 package iptables
 
 import (
+	"bytes"
 	"errors"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kproxy/kproxy/internal/dataplane/dptest"
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/nfnl"
 )
 
 // Every rule render writes must translate: a rule that does not would send
@@ -114,4 +118,48 @@ func hex(b []byte) string {
 		out = append(out, digits[c>>4], digits[c&15])
 	}
 	return string(out)
+}
+
+// TestReusedRuleEncodesAsFresh: one xtRule reused across rules (as
+// encodeSections does) encodes every rule exactly as a fresh one would, in
+// either order, so no option, address or match of one rule leaks into the
+// next.
+func TestReusedRuleEncodesAsFresh(t *testing.T) {
+	var rules []string
+	for _, v := range configVariants(dptest.Config) {
+		p, err := New(v.cfg, v.opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		snap := featureSnapshot()
+		rs := Render(p.params(), snap.V4, snap.Node)
+		for _, w := range rulesetWrites(rs) {
+			for _, c := range w.chains {
+				rules = append(rules, c.Rules...)
+			}
+		}
+	}
+	encode := func(r *xtRule, rule string) []byte {
+		b := nfnl.NewBatch(unix.NFPROTO_IPV4, nil, 0)
+		if err := addRule(b, r, model.IPv4, tableNAT, "KUBE-TEST", rule, true); err != nil {
+			t.Fatalf("%q: %v", rule, err)
+		}
+		parts, _, _ := b.Close()
+		return bytes.Join(parts, nil)
+	}
+	for _, order := range []string{"forward", "backward"} {
+		var shared xtRule
+		for i := range rules {
+			rule := rules[i]
+			if order == "backward" {
+				rule = rules[len(rules)-1-i]
+			}
+			if got, want := encode(&shared, rule), encode(&xtRule{}, rule); !bytes.Equal(got, want) {
+				t.Fatalf("%s: %q encodes differently after %d reused rules", order, rule, i)
+			}
+		}
+	}
+	if len(rules) < 100 {
+		t.Fatalf("only %d rules", len(rules))
+	}
 }

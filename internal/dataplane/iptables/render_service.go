@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"hash/maphash"
 	"strconv"
 
 	"github.com/kproxy/kproxy/internal/model"
@@ -37,17 +38,20 @@ func (pr *portRules) compact() {
 	pr.nat = nil
 }
 
-// sumRules is a 64-bit FNV-1a hash of the rules, each ended by a newline.
+// sumRules is a 64-bit hash of the rules, each ended by a newline, seeded
+// per process: rules are made from API objects, and an unseeded hash would
+// let someone craft a change whose chain sums like the written one.
 func sumRules(rules []string) uint64 {
-	h := uint64(14695981039346656037)
+	var h maphash.Hash
+	h.SetSeed(sumSeed)
 	for _, r := range rules {
-		for i := 0; i < len(r); i++ {
-			h = (h ^ uint64(r[i])) * 1099511628211
-		}
-		h = (h ^ '\n') * 1099511628211
+		h.WriteString(r)
+		h.WriteByte('\n')
 	}
-	return h
+	return h.Sum64()
 }
+
+var sumSeed = maphash.MakeSeed()
 
 // entry is one rule of a service port in a shared chain. nat entries are
 // dispatched by destination (see dispatch.go); filter entries are kept in

@@ -41,7 +41,7 @@ func (n *netlinkReader) ruleCount(chain string) (int, error) {
 	}, func([]byte) error {
 		rules++
 		return nil
-	})
+	}, func() { rules = 0 })
 	return rules, err
 }
 

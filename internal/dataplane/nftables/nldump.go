@@ -22,15 +22,26 @@ import (
 // megabytes of garbage.
 
 // dump sends one dump request about the table (attrs written by fill) and
-// calls fn with the attributes of every reply message. An interrupted dump
-// counts as whole: interruptions come from any commit in the namespace,
-// and kproxy is its table's only writer.
-func (n *netlinkReader) dump(typ uint16, fill func(b *nlBatch), fn func(attrs []byte) error) error {
-	err := nfnl.Dump(n.nfproto(), typ, func(b *nfnl.Batch) {
-		fill(&nlBatch{Batch: b, table: n.table.Name})
-	}, fn)
-	if errors.Is(err, nfnl.ErrInterrupted) {
-		return nil
+// calls fn with the attributes of every reply message. A dump the kernel
+// marks interrupted (any commit in the namespace meanwhile) is taken again,
+// after reset, a few times: listings of chains and sets number the objects
+// of every table of the family, so another table's commit (kubelet's
+// iptables-nft rules) can make one miss or repeat kproxy's. With reset nil
+// (elements of one of kproxy's sets, which only kproxy changes) an
+// interrupted dump counts as whole.
+func (n *netlinkReader) dump(typ uint16, fill func(b *nlBatch), fn func(attrs []byte) error, reset func()) error {
+	var err error
+	for range 4 {
+		err = nfnl.Dump(n.nfproto(), typ, func(b *nfnl.Batch) {
+			fill(&nlBatch{Batch: b, table: n.table.Name})
+		}, fn)
+		if !errors.Is(err, nfnl.ErrInterrupted) {
+			return err
+		}
+		if reset == nil {
+			return nil
+		}
+		reset()
 	}
 	return err
 }
@@ -80,7 +91,7 @@ func (n *netlinkReader) eachElement(s *set, fn func(el []byte)) error {
 	}, func(attrs []byte) error {
 		eachAttr(attr(attrs, unix.NFTA_SET_ELEM_LIST_ELEMENTS), func(_ uint16, el []byte) { fn(el) })
 		return nil
-	})
+	}, nil)
 }
 
 func decodeElem(fields, dataFields []string, isMap bool, el []byte) (string, string, error) {
@@ -107,7 +118,7 @@ func (n *netlinkReader) chainNames() ([]string, error) {
 			names = append(names, strings.TrimRight(string(attr(attrs, unix.NFTA_CHAIN_NAME)), "\x00"))
 		}
 		return nil
-	})
+	}, func() { names = names[:0] })
 	return names, err
 }
 

@@ -158,7 +158,7 @@ func (n *netlinkReader) list(objectType string) ([]string, error) {
 				names = append(names, strings.TrimRight(string(name), "\x00"))
 			}
 			return nil
-		})
+		}, func() { names = names[:0] })
 		return names, err
 	}
 	return nil, fmt.Errorf("cannot list %ss", objectType)
