@@ -67,7 +67,7 @@ func loadParams() (params, error) {
 		// Longer than the default minSyncPeriod (1 s): each change reaches an
 		// idle proxy, so the figure is the proxy's latency, not its rate limit.
 		changeGap:   time.Duration(num("BENCH_CHANGE_GAP_MS", 1100)) * time.Millisecond,
-		dpSeconds:   secs("BENCH_DP_SECONDS", 3),
+		dpSeconds:   secs("BENCH_DP_SECONDS", 10),
 		results:     envOr("BENCH_RESULTS", repoPath("test/bench/results/results.json")),
 		doc:         docPath(),
 		command:     os.Getenv("BENCH_COMMAND"),
