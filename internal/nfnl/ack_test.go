@@ -59,3 +59,26 @@ func TestReadAck(t *testing.T) {
 		})
 	}
 }
+
+// msgErrno reads an error reply's errno, an acknowledgement as 0, and a
+// dump's DONE with its (positive) length as no error.
+func TestMsgErrno(t *testing.T) {
+	done := errorReply(3, 0)
+	binary.NativeEndian.PutUint16(done[4:], unix.NLMSG_DONE)
+	binary.NativeEndian.PutUint32(done[nlmsgHdrLen:], 20) // a length, not an error
+	for _, tc := range []struct {
+		name   string
+		m      []byte
+		want   unix.Errno
+		wantOK bool
+	}{
+		{"error", errorReply(3, unix.ENOENT), unix.ENOENT, true},
+		{"ack", errorReply(3, 0), 0, true},
+		{"done with a length", done, 0, true},
+		{"short", errorReply(3, unix.ENOENT)[:nlmsgHdrLen+2], 0, false},
+	} {
+		if got, ok := msgErrno(tc.m); got != tc.want || ok != tc.wantOK {
+			t.Errorf("%s: got %v, %v; want %v, %v", tc.name, got, ok, tc.want, tc.wantOK)
+		}
+	}
+}

@@ -481,13 +481,13 @@ func ReadAck(fd int, ackSeq uint32, describe func(seq uint32) string) error {
 			return errors.Join(append(errs, fmt.Errorf("reading netlink replies: %w", err))...)
 		}
 		done := eachMsg(rb[:n], func(m []byte) bool {
-			if binary.NativeEndian.Uint16(m[4:]) != unix.NLMSG_ERROR || len(m) < nlmsgHdrLen+4 {
+			errno, ok := msgErrno(m)
+			if binary.NativeEndian.Uint16(m[4:]) != unix.NLMSG_ERROR || !ok {
 				return false
 			}
 			seq := binary.NativeEndian.Uint32(m[8:])
-			errno := -int32(binary.NativeEndian.Uint32(m[nlmsgHdrLen:]))
 			if errno != 0 {
-				errs = append(errs, &Error{Errno: syscall.Errno(errno), What: describe(seq), Msg: extAckMsg(m)})
+				errs = append(errs, &Error{Errno: errno, What: describe(seq), Msg: extAckMsg(m)})
 			}
 			// An error about the batch-begin message (sequence 1) is the
 			// kernel refusing the whole batch: no further reply comes.

@@ -13,16 +13,53 @@ import (
 // thread's network namespace, in the kernel's order, without their rules:
 // at 10k Services an iptables nat table has ~110k chains and 330k rules,
 // and `iptables-save` of it takes seconds. A missing table has no chains.
-// A dump that another writer interrupted (the kernel resumes dumps by
-// position) is taken again, a few times, then reported as an error.
+// An interrupted dump is taken again (DumpWhole).
 func ChainNames(fam byte, table string) ([]string, error) {
-	for range 4 {
-		names, err := chainNames(fam, table)
-		if !errors.Is(err, ErrInterrupted) {
-			return names, err
+	var names []string
+	seen := map[string]bool{}
+	err := DumpWhole(fam, unix.NFT_MSG_GETCHAIN, func(b *Batch) {
+		b.AttrStr(unix.NFTA_CHAIN_TABLE, table)
+	}, func(attrs []byte) error {
+		var tbl, name string
+		EachAttr(attrs, func(typ uint16, data []byte) {
+			switch typ {
+			case unix.NFTA_CHAIN_TABLE:
+				tbl = cString(data)
+			case unix.NFTA_CHAIN_NAME:
+				name = cString(data)
+			}
+		})
+		if tbl == table && name != "" && !seen[name] {
+			seen[name] = true
+			names = append(names, name)
+		}
+		return nil
+	}, func() { names, seen = names[:0], map[string]bool{} })
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("listing the chains of %s: %w", table, err)
+	}
+	return names, nil
+}
+
+// DumpWhole is Dump taken again, after reset, while the kernel marks it
+// interrupted: listings of chains, sets and rules number the objects of
+// every table of the family, so any other writer's commit meanwhile can
+// make a dump miss or repeat objects. After a few attempts it returns
+// ErrInterrupted.
+func DumpWhole(fam byte, typ uint16, attrs func(b *Batch), fn func(attrs []byte) error, reset func()) error {
+	var err error
+	for attempt := range 4 {
+		if attempt > 0 {
+			reset()
+		}
+		if err = Dump(fam, typ, attrs, fn); !errors.Is(err, ErrInterrupted) {
+			return err
 		}
 	}
-	return nil, fmt.Errorf("listing the chains of %s: %w", table, ErrInterrupted)
+	return err
 }
 
 // ErrInterrupted reports a dump during which the ruleset changed (any
@@ -59,20 +96,11 @@ func dump(fd int, fam byte, typ uint16, attrs func(b *Batch), fn func(attrs []by
 				interrupted = true
 			}
 			switch binary.NativeEndian.Uint16(m[4:]) {
-			case unix.NLMSG_DONE:
-				// A dump that failed midway says so in DONE's payload.
-				if len(m) >= nlmsgHdrLen+4 {
-					if errno := -int32(binary.NativeEndian.Uint32(m[nlmsgHdrLen:])); errno > 0 {
-						result = syscall.Errno(errno)
-					}
-				}
-				ended = true
-				return true
-			case unix.NLMSG_ERROR:
-				if len(m) >= nlmsgHdrLen+4 {
-					if errno := -int32(binary.NativeEndian.Uint32(m[nlmsgHdrLen:])); errno != 0 {
-						result = syscall.Errno(errno)
-					}
+			case unix.NLMSG_DONE, unix.NLMSG_ERROR:
+				// An error reply, or a dump that failed midway (DONE's
+				// payload is then a negative errno, else a length).
+				if errno, ok := msgErrno(m); ok && errno != 0 {
+					result = errno
 				}
 				ended = true
 				return true
@@ -92,43 +120,24 @@ func dump(fd int, fam byte, typ uint16, attrs func(b *Batch), fn func(attrs []by
 	return false, errors.New("no end of the netlink dump")
 }
 
-func chainNames(fam byte, table string) ([]string, error) {
-	var names []string
-	seen := map[string]bool{}
-	err := Dump(fam, unix.NFT_MSG_GETCHAIN, func(b *Batch) {
-		b.AttrStr(unix.NFTA_CHAIN_TABLE, table)
-	}, func(attrs []byte) error {
-		var tbl, name string
-		EachAttr(attrs, func(typ uint16, data []byte) {
-			switch typ {
-			case unix.NFTA_CHAIN_TABLE:
-				tbl = cString(data)
-			case unix.NFTA_CHAIN_NAME:
-				name = cString(data)
-			}
-		})
-		if tbl == table && name != "" && !seen[name] {
-			seen[name] = true
-			names = append(names, name)
-		}
-		return nil
-	})
-	switch {
-	case errors.Is(err, unix.ENOENT):
-		return nil, nil
-	case errors.Is(err, ErrInterrupted):
-		return nil, err
-	case err != nil:
-		return nil, fmt.Errorf("listing the chains of %s: %w", table, err)
-	}
-	return names, nil
-}
-
 func cString(b []byte) string {
 	for len(b) > 0 && b[len(b)-1] == 0 {
 		b = b[:len(b)-1]
 	}
 	return string(b)
+}
+
+// msgErrno is the errno an NLMSG_ERROR (or NLMSG_DONE) message carries:
+// 0 for an acknowledgement (or DONE's non-negative length); ok is false
+// when the message is too short.
+func msgErrno(m []byte) (errno syscall.Errno, ok bool) {
+	if len(m) < nlmsgHdrLen+4 {
+		return 0, false
+	}
+	if v := int32(binary.NativeEndian.Uint32(m[nlmsgHdrLen:])); v < 0 {
+		return syscall.Errno(-v), true
+	}
+	return 0, true
 }
 
 // EachAttr calls fn for every attribute in b (type without its flags).
@@ -155,10 +164,15 @@ func Get(fam byte, typ uint16, attrs func(b *Batch)) ([]byte, error) {
 		if err := unix.Sendto(fd, Message(typ, 0, fam, attrs), 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 			return false, fmt.Errorf("sending a netlink request: %w", err)
 		}
-		rb := make([]byte, 64<<10)
-		n, _, err := unix.Recvfrom(fd, rb, 0)
+		// One object's reply (a chain, the generation) is small: this runs
+		// twice around every nftables commit, so no large buffer.
+		rb := make([]byte, 16<<10)
+		n, _, err := unix.Recvfrom(fd, rb, unix.MSG_TRUNC)
 		if err != nil {
 			return false, fmt.Errorf("reading a netlink reply: %w", err)
+		}
+		if n > len(rb) {
+			return false, fmt.Errorf("a netlink reply of %d bytes is larger than %d", n, len(rb))
 		}
 		var result error
 		got := eachMsg(rb[:n], func(m []byte) bool {
@@ -167,12 +181,11 @@ func Get(fam byte, typ uint16, attrs func(b *Batch)) ([]byte, error) {
 			}
 			switch binary.NativeEndian.Uint16(m[4:]) {
 			case unix.NLMSG_ERROR:
-				result = syscall.EIO
-				if len(m) >= nlmsgHdrLen+4 {
-					result = nil
-					if errno := -int32(binary.NativeEndian.Uint32(m[nlmsgHdrLen:])); errno != 0 {
-						result = syscall.Errno(errno)
-					}
+				switch errno, ok := msgErrno(m); {
+				case !ok:
+					result = syscall.EIO
+				case errno != 0:
+					result = errno
 				}
 			case reply:
 				if len(m) < nlmsgHdrLen+nfgenHdrLen {

@@ -216,15 +216,6 @@ func inputWrites(g groupList, markMasq *Chain, in []section) []*tableWrite {
 	return ws
 }
 
-// batchInputs is planInputs with every input rendered.
-func batchInputs(g groupList, markMasq *Chain, inputs int) [][]*tableWrite {
-	var out [][]*tableWrite
-	for _, in := range planInputs(g, inputs) {
-		out = append(out, inputWrites(g, markMasq, in))
-	}
-	return out
-}
-
 // cutSections groups the groups into sections within the bounds, counting
 // the KUBE-MARK-MASQ chain that opens each.
 func cutSections(g groupList) []section {

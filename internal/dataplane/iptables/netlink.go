@@ -110,7 +110,7 @@ func declareChain(b *nfnl.Batch, table, name string) {
 // xtRule is one rule's arguments, sorted the way iptables-nft orders the
 // expressions: interfaces, protocol, source, destination, then matches in
 // their order, a counter, the target. One xtRule is reused for every rule
-// of a batch (parseRule resets it): at 10k Services a full sync parses
+// of a batch (parse resets it): at 10k Services a full sync parses
 // 330k rules.
 type xtRule struct {
 	v6               bool
@@ -159,12 +159,6 @@ var takesValue = map[string]bool{
 	"--mark": true, "--mode": true, "--probability": true, "--name": true, "--seconds": true,
 	"--to-destination": true, "--or-mark": true, "--xor-mark": true, "--set-xmark": true,
 	"--reject-with": true, "--mask": true,
-}
-
-// parseRule reads the rule text after "-A <chain> ".
-func parseRule(fam model.Family, rule string) (*xtRule, error) {
-	r := &xtRule{}
-	return r, r.parse(fam, rule)
 }
 
 // parse makes r the rule text after "-A <chain> ", reusing r's storage.
@@ -222,7 +216,7 @@ func (r *xtRule) parse(fam model.Family, rule string) error {
 					buf = &r.dstBuf
 				}
 				var a, m []byte
-				if a, m, err = parseAddrInto(buf, fam, v); err == nil && inv && allZero(m) {
+				if a, m, err = parseAddr(buf, fam, v); err == nil && inv && allZero(m) {
 					err = fmt.Errorf("%w: ! %s %s matches nothing", errNotNetlink, t, v)
 				}
 				if err == nil {
@@ -303,13 +297,8 @@ func protoNumber(p string) (byte, error) {
 }
 
 // parseAddr reads "a", "a/len" or "a/mask" and returns the masked address
-// and the mask.
-func parseAddr(fam model.Family, s string) (addr, mask []byte, err error) {
-	return parseAddrInto(new([2][16]byte), fam, s)
-}
-
-// parseAddrInto is parseAddr keeping the address and mask in buf.
-func parseAddrInto(buf *[2][16]byte, fam model.Family, s string) (addr, mask []byte, err error) {
+// and the mask, kept in buf.
+func parseAddr(buf *[2][16]byte, fam model.Family, s string) (addr, mask []byte, err error) {
 	a, m, hasMask := strings.Cut(s, "/")
 	ip, err := netip.ParseAddr(a)
 	if err != nil || ip.Is6() != (fam == model.IPv6) {
@@ -400,7 +389,7 @@ func (r *xtRule) encode(b *nfnl.Batch) error {
 		srcOff, dstOff = 8, 24
 	}
 	// An address with an all-zero mask matches everything: iptables-nft
-	// writes nothing for it (parseRule refuses the inverted form).
+	// writes nothing for it (parse refuses the inverted form).
 	if r.src != nil && !allZero(r.srcMask) {
 		nlAddr(b, srcOff, r.src, r.srcMask, r.srcInv)
 	}

@@ -98,7 +98,7 @@ func TestParseAddr(t *testing.T) {
 		{model.IPv4, "127.0.0.0/8", "7f000000", "ff000000"},
 		{model.IPv6, "fd00:10::/64", "fd000010000000000000000000000000", "ffffffffffffffff0000000000000000"},
 	} {
-		a, m, err := parseAddr(tc.fam, tc.in)
+		a, m, err := parseAddr(new([2][16]byte), tc.fam, tc.in)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.in, err)
 		}
@@ -106,7 +106,7 @@ func TestParseAddr(t *testing.T) {
 			t.Errorf("%s: got %s, want %s/%s", tc.in, got, tc.addr, tc.mask)
 		}
 	}
-	if _, _, err := parseAddr(model.IPv4, "fd00::1"); err == nil {
+	if _, _, err := parseAddr(new([2][16]byte), model.IPv4, "fd00::1"); err == nil {
 		t.Error("an IPv6 address in an IPv4 rule was accepted")
 	}
 }

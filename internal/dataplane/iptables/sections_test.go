@@ -60,3 +60,12 @@ func sectionChains(t *testing.T, text string) string {
 	}
 	return strings.Join(secs, "|")
 }
+
+// batchInputs is planInputs with every input rendered.
+func batchInputs(g groupList, markMasq *Chain, inputs int) [][]*tableWrite {
+	var out [][]*tableWrite
+	for _, in := range planInputs(g, inputs) {
+		out = append(out, inputWrites(g, markMasq, in))
+	}
+	return out
+}

@@ -53,38 +53,13 @@ func (b *nlBatch) send() error { return b.SendFrom(recordOwnPort) }
 
 // rulesetGeneration returns the kernel's nftables generation number, which
 // every committed transaction (of anyone) increments.
-func rulesetGeneration() (gen uint32, err error) {
-	err = nfnl.WithSocket(func(fd int) error {
-		var err error
-		gen, err = queryGeneration(fd)
-		return err
-	})
-	return gen, err
-}
-
-func queryGeneration(fd int) (uint32, error) {
-	req := nfnl.Message(unix.NFT_MSG_GETGEN, 0, unix.AF_UNSPEC, nil)
-	if err := unix.Sendto(fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+func rulesetGeneration() (uint32, error) {
+	attrs, err := nfnl.Get(unix.AF_UNSPEC, unix.NFT_MSG_GETGEN, nil)
+	if err != nil {
 		return 0, fmt.Errorf("asking for the nftables generation: %w", err)
 	}
-	rb := make([]byte, 8192)
-	n, _, err := unix.Recvfrom(fd, rb, 0)
-	if err != nil {
-		return 0, fmt.Errorf("reading the nftables generation: %w", err)
-	}
-	m := rb[:n]
-	if len(m) < nlmsgHdrLen+nfgenHdrLen || binary.NativeEndian.Uint16(m[4:]) != nfnlSubsysNFTables<<8|unix.NFT_MSG_NEWGEN {
-		return 0, errors.New("unexpected reply to an nftables generation request")
-	}
-	for off := nlmsgHdrLen + nfgenHdrLen; off+8 <= len(m); {
-		l := int(binary.NativeEndian.Uint16(m[off:]))
-		if l < 4 {
-			break
-		}
-		if binary.NativeEndian.Uint16(m[off+2:])&^unix.NLA_F_NESTED == unix.NFTA_GEN_ID {
-			return binary.BigEndian.Uint32(m[off+4:]), nil
-		}
-		off += (l + 3) &^ 3
+	if id := attr(attrs, unix.NFTA_GEN_ID); len(id) == 4 {
+		return binary.BigEndian.Uint32(id), nil
 	}
 	return 0, errors.New("no generation id in the nftables reply")
 }

@@ -22,28 +22,20 @@ import (
 // megabytes of garbage.
 
 // dump sends one dump request about the table (attrs written by fill) and
-// calls fn with the attributes of every reply message. A dump the kernel
-// marks interrupted (any commit in the namespace meanwhile) is taken again,
-// after reset, a few times: listings of chains and sets number the objects
-// of every table of the family, so another table's commit (kubelet's
-// iptables-nft rules) can make one miss or repeat kproxy's. With reset nil
-// (elements of one of kproxy's sets, which only kproxy changes) an
-// interrupted dump counts as whole.
+// calls fn with the attributes of every reply message. With reset, an
+// interrupted dump is taken again (nfnl.DumpWhole: listings number the
+// objects of every table of the family, and kubelet's iptables-nft commits
+// can shift them); with reset nil (elements of one of kproxy's sets, which
+// only kproxy changes) an interrupted dump counts as whole.
 func (n *netlinkReader) dump(typ uint16, fill func(b *nlBatch), fn func(attrs []byte) error, reset func()) error {
-	var err error
-	for range 4 {
-		err = nfnl.Dump(n.nfproto(), typ, func(b *nfnl.Batch) {
-			fill(&nlBatch{Batch: b, table: n.table.Name})
-		}, fn)
-		if !errors.Is(err, nfnl.ErrInterrupted) {
-			return err
-		}
-		if reset == nil {
-			return nil
-		}
-		reset()
+	attrs := func(b *nfnl.Batch) { fill(&nlBatch{Batch: b, table: n.table.Name}) }
+	if reset != nil {
+		return nfnl.DumpWhole(n.nfproto(), typ, attrs, fn, reset)
 	}
-	return err
+	if err := nfnl.Dump(n.nfproto(), typ, attrs, fn); !errors.Is(err, nfnl.ErrInterrupted) {
+		return err
+	}
+	return nil
 }
 
 // eachAttr calls fn for every attribute in b (type without flags).
@@ -106,20 +98,6 @@ func decodeElem(fields, dataFields []string, isMap bool, el []byte) (string, str
 	}
 	val, err := decodeKey(dataFields, attr(data, unix.NFTA_DATA_VALUE))
 	return strings.Join(key, fieldSep), strings.Join(val, fieldSep), err
-}
-
-// chainNames returns the names of the table's chains.
-func (n *netlinkReader) chainNames() ([]string, error) {
-	var names []string
-	err := n.dump(unix.NFT_MSG_GETCHAIN, func(b *nlBatch) {
-		b.AttrStr(unix.NFTA_CHAIN_TABLE, b.table)
-	}, func(attrs []byte) error {
-		if string(attr(attrs, unix.NFTA_CHAIN_TABLE)) == n.table.Name+"\x00" {
-			names = append(names, strings.TrimRight(string(attr(attrs, unix.NFTA_CHAIN_NAME)), "\x00"))
-		}
-		return nil
-	}, func() { names = names[:0] })
-	return names, err
 }
 
 // rangeEdge is one element of an endpoint-ranges map as the kernel lists

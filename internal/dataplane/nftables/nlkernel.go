@@ -146,7 +146,7 @@ func (k *nlKernel) MissingChain(_ context.Context, names []string) (string, erro
 func (n *netlinkReader) list(objectType string) ([]string, error) {
 	switch objectType {
 	case "chain":
-		return n.chainNames()
+		return nfnl.ChainNames(n.nfproto(), n.table.Name)
 	case "set", "map":
 		var names []string
 		err := n.dump(unix.NFT_MSG_GETSET, func(b *nlBatch) {
