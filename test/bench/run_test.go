@@ -157,9 +157,10 @@ func (r *runBed) kernelServiceIPs(ctx context.Context, c config, want map[netip.
 		}
 		dumps = append(dumps, out)
 	} else {
-		table, objs := "kproxy", [][2]string{{"map", "service-ips"}, {"set", "services-no-endpoints"}}
+		// Both proxies' tables are named kube-proxy.
+		table, objs := "kube-proxy", [][2]string{{"map", "service-ips"}, {"set", "services-no-endpoints"}}
 		if c.proxy == "upstream" {
-			table, objs = "kube-proxy", [][2]string{{"map", "service-ips"}, {"map", "no-endpoint-services"}}
+			objs = [][2]string{{"map", "service-ips"}, {"map", "no-endpoint-services"}}
 		}
 		for _, o := range objs {
 			out, err := r.node.Run(ctx, "nft", "list", o[0], "ip", table, o[1])

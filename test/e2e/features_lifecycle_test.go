@@ -232,11 +232,11 @@ func testFlushRepair(t *testing.T, b *fbed, f family) {
 	b.waitRepaired(t, from.Netns, re, func(res echo.Result) bool { return res.Kind == echo.KindRefused }, "rejected")
 }
 
-// breakRules deletes kproxy's nftables table of the family, or flushes the
-// given iptables table, in node.
+// breakRules deletes kproxy's nftables table (named kube-proxy) of the
+// family, or flushes the given iptables table, in node.
 func (b *fbed) breakRules(t *testing.T, node *netbed.Node, f family, iptTable string) {
 	t.Helper()
-	argv := []string{"nft", "delete", "table", "ip", "kproxy"}
+	argv := []string{"nft", "delete", "table", "ip", "kube-proxy"}
 	if f.v6 {
 		argv[3] = "ip6"
 	}

@@ -150,18 +150,22 @@ func (b *migBed) checkUpstreamState(mode string) {
 }
 
 // leftoversGone returns a check that upstream's state of the other modes
-// is gone: no kube-proxy nftables table, no KUBE-* ip set (ipvs mode), and
-// in nftables mode no KUBE-* iptables chain.
+// is gone: no KUBE-* ip set (ipvs mode); in nftables mode no KUBE-*
+// iptables chain and the kube-proxy tables (kproxy's own table name) hold
+// none of upstream's objects; in iptables mode no kube-proxy or kproxy
+// nftables table.
 func (b *migBed) leftoversGone(mode string) func() error {
 	return func() error {
 		var left []string
-		for _, t := range b.nftTables() {
-			if strings.HasSuffix(t, " kube-proxy") || (mode == "iptables" && strings.HasSuffix(t, " kproxy")) {
-				left = append(left, "nft table "+t)
-			}
-		}
 		if mode == "nftables" {
 			left = append(left, b.kubeChains()...)
+			left = append(left, upstreamNFTObjects(b.nftGraph())...)
+		} else {
+			for _, t := range b.nftTables() {
+				if strings.HasSuffix(t, " kube-proxy") || strings.HasSuffix(t, " kproxy") {
+					left = append(left, "nft table "+t)
+				}
+			}
 		}
 		left = append(left, b.kubeIPSets()...)
 		if len(left) > 0 {
@@ -171,19 +175,42 @@ func (b *migBed) leftoversGone(mode string) func() error {
 	}
 }
 
+// upstreamNFTObjects lists the objects of the kube-proxy tables that only
+// upstream's nftables mode makes: its per-Service chains and affinity sets,
+// and its no-endpoint verdict maps.
+func upstreamNFTObjects(g *nftGraph) []string {
+	var out []string
+	for _, o := range g.objects {
+		if o.table != "kube-proxy" {
+			continue
+		}
+		upstreamOnly := o.name == "no-endpoint-services" || o.name == "no-endpoint-nodeports" || o.name == "nodeport-ips"
+		for _, p := range []string{"service-", "local-", "external-", "endpoint-", "firewall-", "affinity-"} {
+			upstreamOnly = upstreamOnly || strings.HasPrefix(o.name, p) && strings.Contains(o.name, "/")
+		}
+		if upstreamOnly {
+			out = append(out, o.String())
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // checkOwned: in iptables mode the KUBE-* chains are kproxy's now (its
-// canary, no rule twice); in nftables mode kproxy's own tables exist.
+// dispatch buckets, no rule twice); in nftables mode the kube-proxy tables
+// hold kproxy's layout.
 func (b *migBed) checkOwned(mode string) {
 	b.t.Helper()
 	if mode == "nftables" {
-		if !b.hasNFTable("kproxy") {
-			b.t.Errorf("no kproxy nftables table: %v", b.nftTables())
+		g := b.nftGraph()
+		if g.objects[nftKey("ip", "kube-proxy", "map", "endpoint-ranges-tcp-00")] == nil {
+			b.t.Errorf("the kube-proxy table does not hold kproxy's layout: %v", b.nftTables())
 		}
 		return
 	}
 	save := b.iptablesSave()
-	if n := strings.Count(save, "kproxy canary"); n < 3 {
-		b.t.Errorf("kproxy's canary rule found %d times, want in mangle, nat and filter of each family", n)
+	if !strings.Contains(save, "-j KUBE-SVC-IP-") {
+		b.t.Errorf("KUBE-SERVICES does not dispatch through kproxy's buckets:\n%s", save)
 	}
 	if dups := duplicateRules(save); len(dups) > 0 {
 		b.t.Errorf("rules present twice after the takeover:\n  %s", strings.Join(dups, "\n  "))

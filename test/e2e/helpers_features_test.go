@@ -388,12 +388,17 @@ type prober struct {
 }
 
 func startProber(ns *netbed.Netns, r echo.Request, interval, max time.Duration) *prober {
+	return startFuncProber(func() echo.Result { return ns.Send(context.Background(), r) }, interval, max)
+}
+
+// startFuncProber calls probe every interval until stopped (bounded by max).
+func startFuncProber(probe func() echo.Result, interval, max time.Duration) *prober {
 	p := &prober{stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
 		end := time.Now().Add(max)
 		for time.Now().Before(end) {
-			res := ns.Send(context.Background(), r)
+			res := probe()
 			p.mu.Lock()
 			p.results = append(p.results, probeResult{at: time.Now(), res: res})
 			p.mu.Unlock()

@@ -276,9 +276,12 @@ func (b *migBed) startProbing() *probing {
 }
 
 // stop ends probing and returns each probe's results, in probe order.
-func (ps *probing) stop() [][]probeResult {
-	out := make([][]probeResult, len(ps.probers))
-	for i, p := range ps.probers {
+func (ps *probing) stop() [][]probeResult { return stopAll(ps.probers) }
+
+// stopAll stops every prober and returns their results, in order.
+func stopAll(probers []*prober) [][]probeResult {
+	out := make([][]probeResult, len(probers))
+	for i, p := range probers {
 		out[i] = p.Stop()
 	}
 	return out
@@ -353,21 +356,33 @@ func duplicateRules(save string) []string {
 	return dups
 }
 
-// rulesMentioning returns the lines of node1's iptables and nftables rules
-// that name addr.
+// rulesMentioning returns the lines of node1's iptables rules and of the
+// nftables rules and set elements that can still affect a packet that
+// name addr. Sets nothing refers to are inert and not searched: kproxy's
+// leave some in the kube-proxy table after a rollback to upstream.
 func (b *migBed) rulesMentioning(addr netip.Addr) []string {
 	b.t.Helper()
-	nft, err := b.node.Run(context.Background(), "nft", "list", "ruleset")
-	if err != nil {
-		b.t.Fatal(err)
-	}
 	var out []string
-	for _, l := range strings.Split(b.iptablesSave()+nft, "\n") {
+	for _, l := range append(strings.Split(b.iptablesSave(), "\n"), b.nftGraph().liveText()...) {
 		if containsAddr(l, addr) {
 			out = append(out, strings.TrimSpace(l))
 		}
 	}
 	return out
+}
+
+// nftGraph reads node1's whole nftables ruleset.
+func (b *migBed) nftGraph() *nftGraph {
+	b.t.Helper()
+	out, err := b.node.Run(context.Background(), "nft", "-j", "list", "ruleset")
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	g, err := parseNFTGraph(out)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return g
 }
 
 // containsAddr reports whether line names addr as a whole token.

@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
@@ -123,7 +124,7 @@ func TestStaleChainsDeleted(t *testing.T) {
 	if err := p.Sync(ctx, snap, changed("a")); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(k.last(), "-X "+oldSEP) || !strings.Contains(k.last(), "-X KUBE-SERVICES-01") {
+	if !strings.Contains(k.last(), "-X "+oldSEP) || !strings.Contains(k.last(), "-X KUBE-SVC-IP-01") {
 		t.Errorf("stale chains not deleted:\n%s", k.last())
 	}
 	assertKernelMatches(t, k, p, snap)
@@ -217,4 +218,42 @@ func assertKernelMatches(t *testing.T, k *fakeKernel, p *Proxier, snap *model.Sn
 			}
 		}
 	}
+}
+
+// TestTakesOverOlderBucketNames: a table written by a kproxy version that
+// named its dispatch buckets KUBE-SERVICES-… / KUBE-NODEPORTS-… and kept a
+// rule in KUBE-PROXY-CANARY is taken over by one full sync: the old
+// buckets are deleted, the canary chains are emptied, and nothing but
+// chains upstream also deletes is left.
+func TestTakesOverOlderBucketNames(t *testing.T) {
+	ctx := context.Background()
+	p, k, _ := newTestProxier(t)
+	snap := twoServices(dptest.EP("198.18.65.10", 80, false))
+	svc := chainsOf(snap.V4.Ports[0].ID).svc
+	old := "*mangle\n:KUBE-PROXY-CANARY - [0:0]\n-A KUBE-PROXY-CANARY -m comment --comment \"kproxy canary\" -j RETURN\nCOMMIT\n" +
+		"*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SERVICES-1 - [0:0]\n:KUBE-SERVICES-01 - [0:0]\n:KUBE-NODEPORTS-TCP-75 - [0:0]\n:KUBE-PROXY-CANARY - [0:0]\n:" + svc + " - [0:0]\n" +
+		"-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n" +
+		"-A KUBE-SERVICES -d 0.0.0.1/0.0.0.15 -j KUBE-SERVICES-1\n-A KUBE-SERVICES-1 -d 0.0.0.1/0.0.0.255 -g KUBE-SERVICES-01\n" +
+		"-A KUBE-SERVICES-01 -d 198.19.0.1/32 -p tcp -m tcp --dport 80 -j " + svc + "\n" +
+		"-A KUBE-PROXY-CANARY -m comment --comment \"kproxy canary\" -j RETURN\nCOMMIT\n"
+	if err := k.apply("4", old); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Sync(ctx, snap, changed("a", "b")); err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range []string{"mangle", "nat"} {
+		save := k.save("4", table)
+		for _, gone := range []string{"KUBE-SERVICES-", "KUBE-NODEPORTS-", "kproxy canary"} {
+			if strings.Contains(save, gone) {
+				t.Errorf("%s still holds %q after the takeover:\n%s", table, gone, save)
+			}
+		}
+	}
+	for c := range k.table("4", "nat") {
+		if !isLeftoverChain(tableNAT, c) && !slices.Contains([]string{"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"}, c) {
+			t.Errorf("nat chain %s is neither built in nor one upstream deletes", c)
+		}
+	}
+	assertKernelMatches(t, k, p, snap)
 }

@@ -226,7 +226,7 @@ func measureScale(t *testing.T, b Backend, n int) {
 		l.In(l.Node, func() {
 			s := time.Now()
 			for _, table := range []string{tableMangle, tableFilter, tableNAT} {
-				if !netlinkCanaryOK(model.IPv4, table) {
+				if !netlinkCanaryOK(model.IPv4, table, canaryMarks[table]) {
 					t.Errorf("netlink canary missing in %s", table)
 				}
 			}

@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strings"
@@ -11,34 +12,62 @@ import (
 	"github.com/kproxy/kproxy/internal/nfnl"
 )
 
-// canaryOK reports whether table's KUBE-PROXY-CANARY chain of family fam
-// exists and still holds its rule. Flushing the table removes the rule,
-// deleting the chain removes both.
-//
-// On the nf_tables backend in kproxy's own network namespace it asks the
-// kernel directly over netlink for that one chain's rules: running
-// `iptables-nft -S` instead makes iptables fetch every chain of the table,
-// about 0.2 s per call at 10k Services, and Drifted runs every second.
-// Elsewhere (legacy, or a namespace reached through NetnsExec) it runs
-// `iptables -S KUBE-PROXY-CANARY`.
-func (p *Proxier) canaryOK(ctx context.Context, fam model.Family, table string) bool {
-	if _, local := p.exec.(OSExec); local && p.backend == BackendNFT {
-		return netlinkCanaryOK(fam, table)
-	}
-	out, err := p.exec.Run(ctx, nil, p.backend.cmd(fam, ""), "-w", "-t", table, "-S", chainCanary)
-	return err == nil && strings.Contains(string(out), "kproxy canary")
+// A flushed or replaced table is noticed by a mark that any flush removes.
+// kproxy writes no rule of its own for that (the mark of each table is a
+// rule both kproxy and upstream kube-proxy write): a rule only kproxy knew
+// would be left behind in upstream's chains after a rollback.
+//   - nat: the jump from PREROUTING to KUBE-SERVICES;
+//   - filter: the jump from INPUT to KUBE-NODEPORTS (health-check ports);
+//   - mangle, where kproxy writes nothing but the empty KUBE-PROXY-CANARY
+//     chain (as upstream does): that chain, which deleting the table's
+//     chains removes.
+type canaryMark struct {
+	chain   string // a built-in chain, or chainCanary
+	comment string // the comment of the rule that must be in it; "" means the chain must exist
 }
 
-// netlinkCanaryOK reads the canary chain's rules of an iptables-nft table
-// (nf_tables table "nat", "filter" or "mangle" of family ip or ip6).
-func netlinkCanaryOK(fam model.Family, table string) bool {
-	rules := 0
+var canaryMarks = map[string]canaryMark{
+	tableNAT:    {"PREROUTING", "kubernetes service portals"},
+	tableFilter: {"INPUT", "kubernetes health check service ports"},
+	tableMangle: {chainCanary, ""},
+}
+
+// canaryOK reports whether table of family fam still holds its mark.
+//
+// On the nf_tables backend in kproxy's own network namespace it asks the
+// kernel directly over netlink for that one chain: running `iptables-nft
+// -S` instead makes iptables fetch every chain of the table, about 0.2 s
+// per call at 10k Services, and Drifted runs every second. Elsewhere
+// (legacy, or a namespace reached through NetnsExec) it runs
+// `iptables -S CHAIN`.
+func (p *Proxier) canaryOK(ctx context.Context, fam model.Family, table string) bool {
+	m := canaryMarks[table]
+	if _, local := p.exec.(OSExec); local && p.backend == BackendNFT {
+		return netlinkCanaryOK(fam, table, m)
+	}
+	out, err := p.exec.Run(ctx, nil, p.backend.cmd(fam, ""), "-w", "-t", table, "-S", m.chain)
+	return err == nil && (m.comment == "" || strings.Contains(string(out), `--comment "`+m.comment+`"`))
+}
+
+// netlinkCanaryOK reads the mark of an iptables-nft table (nf_tables table
+// "nat", "filter" or "mangle" of family ip or ip6). A rule's comment is
+// an xtables comment match, so the rule's attributes hold its text.
+func netlinkCanaryOK(fam model.Family, table string, m canaryMark) bool {
+	if m.comment == "" {
+		_, err := nfnl.Get(nfproto(fam), unix.NFT_MSG_GETCHAIN, func(b *nfnl.Batch) {
+			b.AttrStr(unix.NFTA_CHAIN_TABLE, table)
+			b.AttrStr(unix.NFTA_CHAIN_NAME, m.chain)
+		})
+		return err == nil
+	}
+	found := false
+	want := []byte(m.comment)
 	err := nfnl.Dump(nfproto(fam), unix.NFT_MSG_GETRULE, func(b *nfnl.Batch) {
 		b.AttrStr(unix.NFTA_RULE_TABLE, table)
-		b.AttrStr(unix.NFTA_RULE_CHAIN, chainCanary)
-	}, func([]byte) error {
-		rules++
+		b.AttrStr(unix.NFTA_RULE_CHAIN, m.chain)
+	}, func(attrs []byte) error {
+		found = found || bytes.Contains(attrs, want)
 		return nil
 	})
-	return (err == nil || errors.Is(err, nfnl.ErrInterrupted)) && rules > 0
+	return (err == nil || errors.Is(err, nfnl.ErrInterrupted)) && found
 }

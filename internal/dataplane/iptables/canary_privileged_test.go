@@ -1,34 +1,49 @@
 package iptables
 
 import (
+	"os/exec"
+	"strings"
 	"testing"
 
 	"github.com/kproxy/kproxy/internal/dataplane/dptest"
 	"github.com/kproxy/kproxy/internal/model"
 )
 
-// TestPrivilegedNetlinkCanary: the netlink canary check sees the chain and
-// its rule, and notices a flush of the table and a missing table.
+// TestPrivilegedNetlinkCanary: the netlink canary check sees each table's
+// mark (nat: the PREROUTING jump to KUBE-SERVICES; mangle: the canary
+// chain) and notices a flush of the table and a missing table.
 func TestPrivilegedNetlinkCanary(t *testing.T) {
 	l := dptest.NewLab(t, labPrefix)
 	check := func(table string) (ok bool) {
-		l.In(l.Node, func() { ok = netlinkCanaryOK(model.IPv4, table) })
+		l.In(l.Node, func() { ok = netlinkCanaryOK(model.IPv4, table, canaryMarks[table]) })
 		return ok
 	}
-	if check(tableNAT) {
+	if check(tableNAT) || check(tableMangle) {
 		t.Fatal("canary reported before any rule exists")
 	}
-	text := restoreText(&tableWrite{table: tableNAT, chains: []*Chain{canaryChain()}})
-	dptest.Run(t, "sh", "-c", "printf '"+text+"' | ip netns exec "+l.Node+" iptables-nft-restore --noflush")
-	if !check(tableNAT) {
+	nat := "*nat\n:KUBE-SERVICES - [0:0]\n" +
+		`-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES` + "\nCOMMIT\n"
+	mangle := restoreText(&tableWrite{table: tableMangle, chains: []*Chain{canaryChain()}})
+	for _, text := range []string{nat, mangle} {
+		cmd := exec.Command("ip", "netns", "exec", l.Node, "iptables-nft-restore", "--noflush")
+		cmd.Stdin = strings.NewReader(text)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("iptables-nft-restore: %v: %s\n%s", err, out, text)
+		}
+	}
+	if !check(tableNAT) || !check(tableMangle) {
 		t.Fatal("canary not seen after restore")
+	}
+	if check(tableFilter) {
+		t.Error("canary reported in a table kproxy never wrote")
 	}
 	dptest.Run(t, "ip", "netns", "exec", l.Node, "iptables-nft", "-t", "nat", "-F")
 	if check(tableNAT) {
 		t.Error("flush of nat not noticed")
 	}
+	dptest.Run(t, "ip", "netns", "exec", l.Node, "iptables-nft", "-t", "mangle", "-X", chainCanary)
 	if check(tableMangle) {
-		t.Error("canary reported in a table kproxy never wrote")
+		t.Error("deleted mangle canary chain not noticed")
 	}
 }
 

@@ -14,13 +14,16 @@ import (
 // per-Service rules with their comments) but splits them into a two-level
 // tree of sub-chains:
 //
-//	KUBE-SERVICES   -d 0.0.0.7/0.0.0.15   -j KUBE-SERVICES-7     (low 4 bits of the destination)
-//	KUBE-SERVICES-7 -d 0.0.0.167/0.0.0.255 -g KUBE-SERVICES-A7   (low 8 bits)
-//	KUBE-SERVICES-A7  <upstream's per-frontend rules for addresses ending in 0xA7>
+//	KUBE-SERVICES    -d 0.0.0.7/0.0.0.15   -j KUBE-SVC-IP-7    (low 4 bits of the destination)
+//	KUBE-SVC-IP-7    -d 0.0.0.167/0.0.0.255 -g KUBE-SVC-IP-A7   (low 8 bits)
+//	KUBE-SVC-IP-A7   <upstream's per-frontend rules for addresses ending in 0xA7>
 //
-//	KUBE-NODEPORTS          -p tcp --dport 29952:30207 -j KUBE-NODEPORTS-TCP-75   (port >> 8)
-//	KUBE-NODEPORTS-TCP-75   -p tcp --dport 30000:30015 -g KUBE-NODEPORTS-TCP-753  (port >> 4)
-//	KUBE-NODEPORTS-TCP-753  <upstream's per-NodePort rules>
+//	KUBE-NODEPORTS          -p tcp --dport 29952:30207 -j KUBE-SVC-NP-TCP-75   (port >> 8)
+//	KUBE-SVC-NP-TCP-75      -p tcp --dport 30000:30015 -g KUBE-SVC-NP-TCP-753  (port >> 4)
+//	KUBE-SVC-NP-TCP-753     <upstream's per-NodePort rules>
+//
+// The buckets' KUBE-SVC- prefix is what lets upstream kube-proxy, started
+// after kproxy, delete them (names.go).
 //
 // Non-contiguous masks and port ranges are plain xtables matches that both
 // the legacy and the nf_tables backends support. Only non-empty buckets

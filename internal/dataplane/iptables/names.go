@@ -41,9 +41,20 @@ const (
 	prefixFW  = "KUBE-FW-"
 	prefixSEP = "KUBE-SEP-"
 	// prefixServicesBucket and prefixNodePortsBucket name the sub-chains
-	// KUBE-SERVICES and KUBE-NODEPORTS (nat) dispatch to.
-	prefixServicesBucket  = chainServices + "-"
-	prefixNodePortsBucket = chainNodePorts + "-"
+	// KUBE-SERVICES and KUBE-NODEPORTS (nat) dispatch to. They start with
+	// KUBE-SVC- on purpose: upstream kube-proxy deletes every nat chain
+	// with one of its per-service prefixes that it does not use, in the
+	// same iptables-restore that rewrites KUBE-SERVICES, so after a
+	// rollback to upstream no bucket is left holding references to the
+	// KUBE-SVC chains upstream wants to delete. Upstream's own names are
+	// KUBE-SVC- plus 16 base32 characters; a "-" after IP or NP cannot
+	// occur in them.
+	prefixServicesBucket  = prefixSVC + "IP-"
+	prefixNodePortsBucket = prefixSVC + "NP-"
+	// Older kproxy versions named the buckets KUBE-SERVICES-… and
+	// KUBE-NODEPORTS-…; they are deleted as stale chains.
+	prefixOldServicesBucket  = chainServices + "-"
+	prefixOldNodePortsBucket = chainNodePorts + "-"
 )
 
 // portName is upstream's string form of a service port name:
@@ -77,7 +88,8 @@ func endpointChain(id model.PortID, ep *model.Endpoint) string {
 }
 
 // isServiceChain reports whether a chain name is a per-service-port chain
-// (ours or upstream's).
+// (ours or upstream's) or one of kproxy's dispatch buckets: the nat chains
+// upstream deletes when it does not use them.
 func isServiceChain(name string) bool {
 	for _, p := range []string{prefixSVC, prefixSVL, prefixEXT, prefixFW, prefixSEP} {
 		if strings.HasPrefix(name, p) {
@@ -120,5 +132,5 @@ func isOwnedChain(table, name string) bool {
 	if table != tableNAT {
 		return false
 	}
-	return isServiceChain(name) || strings.HasPrefix(name, prefixServicesBucket) || strings.HasPrefix(name, prefixNodePortsBucket)
+	return isServiceChain(name) || strings.HasPrefix(name, prefixOldServicesBucket) || strings.HasPrefix(name, prefixOldNodePortsBucket)
 }

@@ -146,9 +146,9 @@ func hasFamily(fs []model.Family, f model.Family) bool {
 	return false
 }
 
-// Drifted implements dataplane.Dataplane: the KUBE-PROXY-CANARY chain of
-// mangle, nat and filter must exist and still hold its rule, which any
-// flush of the table removes.
+// Drifted implements dataplane.Dataplane: mangle, nat and filter must each
+// still hold their canary mark (canary.go), which a flush of the table
+// removes.
 func (p *Proxier) Drifted(ctx context.Context) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -223,11 +223,10 @@ func (r *renderer) sharedChains(order []*model.ServicePort, ports map[model.Port
 	return filter, nat
 }
 
-// canaryRule is the rule of every KUBE-PROXY-CANARY chain: a flush of the
-// table removes it, which Drifted notices.
-const canaryRule = `-m comment --comment "kproxy canary" -j RETURN`
-
-func canaryChain() *Chain { return &Chain{Name: chainCanary, Rules: []string{canaryRule}} }
+// canaryChain is KUBE-PROXY-CANARY, empty as upstream makes it: tools that
+// watch for it find it, and it holds nothing upstream would not delete
+// (canary.go says what Drifted watches instead).
+func canaryChain() *Chain { return &Chain{Name: chainCanary} }
 
 func (r *renderer) postroutingChain() *Chain {
 	return &Chain{Name: chainPostrouting, Rules: []string{

@@ -44,6 +44,14 @@ type famState struct {
 	// suspects are port chains someone else changed: the next full sync
 	// (which re-reads the kernel) rewrites them.
 	suspects map[string]bool
+	// replace makes the next full sync replace the whole table in its one
+	// transaction (delete it, then write everything), set when the table
+	// holds per-Service chains kproxy did not make (upstream kube-proxy's,
+	// whose references kproxy's stale deletion does not know) or after a
+	// full sync failed (a definition kproxy cannot take over in place).
+	// The replacement is atomic, so traffic sees the old rules or the new
+	// ones, never neither; it is never staged.
+	replace bool
 
 	r     *renderer
 	slots *slotAlloc // endpoints-map blocks, kept across syncs
@@ -233,20 +241,23 @@ func (st *famState) sync(ctx context.Context, cfg dataplane.Config, fs *model.Fa
 	full := req.Full || req.NodeChanged || !st.valid || st.cur == nil
 	var t txn
 	var err error
-	if full && len(fs.Ports) >= stageMinPorts {
+	if full {
+		err = st.readIfUnsure(ctx)
+	}
+	switch {
+	case err != nil:
+	case full && len(fs.Ports) >= stageMinPorts && !st.replace:
 		logger.V(4).Info("Applying a full sync in stages", "family", st.fam, "ports", len(fs.Ports))
 		err = st.syncStaged(ctx, cfg, fs, node, &t)
-	} else {
+	default:
 		if full {
-			err = st.prepareFull(ctx, cfg, fs, node, &t, nil)
+			st.renderFull(cfg, fs, node, &t, nil)
 		} else {
 			st.prepareIncremental(fs, req, &t)
 			st.refreshServiceCIDRs(cfg, &t)
 		}
-		if err == nil {
-			logger.V(4).Info("Applying nftables changes", "family", st.fam, "full", full, "operations", t.ops().len())
-			err = st.kern.Apply(ctx, t.ops())
-		}
+		logger.V(4).Info("Applying nftables changes", "family", st.fam, "full", full, "operations", t.ops().len(), "replace", st.replace)
+		err = st.kern.Apply(ctx, t.ops())
 	}
 	if st.r != nil && len(st.r.full) > 0 {
 		logger.Info("No room left in an endpoint-ranges map; these Service ports pick endpoints with plain rules (their endpoint changes are rule changes)",
@@ -255,6 +266,10 @@ func (st *famState) sync(ctx context.Context, cfg dataplane.Config, fs *model.Fa
 	}
 	if err != nil {
 		st.valid = false
+		if full && !st.replace {
+			logger.Info("A full sync failed; the next one replaces the table", "family", st.fam)
+			st.replace = true
+		}
 		return fmt.Errorf("syncing %s nftables table: %w", st.fam, err)
 	}
 	st.commit(&t)
@@ -266,9 +281,6 @@ func (st *famState) sync(ctx context.Context, cfg dataplane.Config, fs *model.Fa
 // in a goroutine of their own, the kernel reads (which must happen in the
 // calling goroutine's network namespace) before it starts.
 func (st *famState) syncStaged(ctx context.Context, cfg dataplane.Config, fs *model.FamilySnapshot, node model.NodeInfo, t *txn) error {
-	if err := st.readIfUnsure(ctx); err != nil {
-		return err
-	}
 	// Room for every stage at 10k Services: rendering never waits for
 	// the kernel.
 	stages := make(chan func() opList, 64)
@@ -309,23 +321,27 @@ func catch(what string, f func()) (err error) {
 	return nil
 }
 
-// prepareFull reads the kernel when needed and diffs the whole desired
-// state against it into t; with emit, new port chains are staged and
-// handed to it in stages, and t's own operations last (see renderFull).
-func (st *famState) prepareFull(ctx context.Context, cfg dataplane.Config, fs *model.FamilySnapshot, node model.NodeInfo, t *txn, emit func(func() opList) bool) error {
-	if err := st.readIfUnsure(ctx); err != nil {
+// readIfUnsure re-reads the kernel unless the mirror is known good. When
+// the table is to be replaced, the mirror is left empty: the replacing
+// transaction writes everything.
+func (st *famState) readIfUnsure(ctx context.Context) error {
+	if st.valid && !st.distrust {
+		return nil
+	}
+	if err := st.readKernel(ctx); err != nil {
 		return err
 	}
-	st.renderFull(cfg, fs, node, t, emit)
+	if st.replace {
+		st.forgetKernel()
+	}
 	return nil
 }
 
-// readIfUnsure re-reads the kernel unless the mirror is known good.
-func (st *famState) readIfUnsure(ctx context.Context) error {
-	if !st.valid || st.distrust {
-		return st.readKernel(ctx)
-	}
-	return nil
+// forgetKernel empties the kernel mirror.
+func (st *famState) forgetKernel() {
+	st.kChains, st.kSets, st.kElems = map[string]bool{}, map[string]bool{}, map[string]map[string]string{}
+	st.stale = map[string]time.Time{}
+	st.slots = newSlotAlloc()
 }
 
 // renderFull renders every port and diffs the whole desired state against
@@ -395,7 +411,11 @@ func (st *famState) fullOps(d *desired, t *txn) {
 // fixedOps writes the table, the fixed sets and chains (flushed and
 // rewritten) and the configuration's elements.
 func (st *famState) fixedOps(d *desired, t *txn) {
-	t.head = append(t.head, op{verb: opAdd, obj: &knftables.Table{Comment: knftables.PtrTo("kproxy service proxy rules")}})
+	table := &knftables.Table{Comment: knftables.PtrTo(tableComment)}
+	if st.replace {
+		t.head = append(t.head, op{verb: opAdd, obj: table}, op{verb: opDelete, obj: &knftables.Table{}})
+	}
+	t.head = append(t.head, op{verb: opAdd, obj: table})
 	for _, s := range d.Sets {
 		t.sets = append(t.sets, op{verb: opAdd, obj: s.object()})
 	}
@@ -649,7 +669,7 @@ func sortedIDs(m map[model.PortID]*portState) []model.PortID {
 
 // commit records a successful transaction in the kernel mirror.
 func (st *famState) commit(t *txn) {
-	st.valid, st.distrust, st.suspects = true, false, nil
+	st.valid, st.distrust, st.suspects, st.replace = true, false, nil, false
 	for _, o := range t.chains {
 		if c, ok := o.obj.(*knftables.Chain); ok && isPortObject(c.Name) {
 			st.kChains[c.Name] = true
@@ -794,9 +814,7 @@ func (st *famState) diffPort(old, next *portState, t *txn, touched map[string]ma
 // and set names (their content is in their names) and the elements of the
 // shared sets and maps. An absent table reads as empty.
 func (st *famState) readKernel(ctx context.Context) error {
-	st.kChains, st.kSets, st.kElems = map[string]bool{}, map[string]bool{}, map[string]map[string]string{}
-	st.stale = map[string]time.Time{}
-	st.slots = newSlotAlloc()
+	st.forgetKernel()
 	defer st.slots.compact()
 	present := map[string]bool{}
 	fixed := newRenderer(dataplane.Config{}, st.fam, model.NodeInfo{}).fixedSets()
@@ -819,6 +837,11 @@ func (st *famState) readKernel(ctx context.Context) error {
 			case !isPortObject(n):
 				present[n] = true
 			case typ == "chain":
+				if isForeignChain(n) && !st.replace {
+					klog.FromContext(ctx).Info("The nftables table holds another proxy's Service chains; the next sync replaces it in one transaction",
+						"family", st.fam, "chain", n)
+					st.replace = true
+				}
 				st.kChains[n] = true
 				if key, proto, index, ok := parseBlockName(n); ok {
 					st.slots.reserve(key, proto, index)

@@ -161,7 +161,7 @@ func TestApplyIncrementalSendsOnlyChanges(t *testing.T) {
 		t.Errorf("incremental transaction has %d operations, want a handful:\n%s", n, tx)
 	}
 	// Same endpoint count: only elements of the endpoint-ranges map change.
-	for _, want := range []string{"delete element ip kproxy endpoint-ranges-", "add element ip kproxy endpoint-ranges-", "198.18.65.12 . 8080"} {
+	for _, want := range []string{"delete element ip kube-proxy endpoint-ranges-", "add element ip kube-proxy endpoint-ranges-", "198.18.65.12 . 8080"} {
 		if !strings.Contains(tx, want) {
 			t.Errorf("transaction lacks %q:\n%s", want, tx)
 		}
@@ -182,8 +182,8 @@ func TestApplyIncrementalSendsOnlyChanges(t *testing.T) {
 		want []string
 	}{
 		{[]*model.Endpoint{dptest.EP("198.18.65.10", 8080, false), dptest.EP("198.18.65.11", 8080, false)}, []string{"524288-1048575 : 198.18.65.11 . 8080"}},
-		{nil, []string{"add element ip kproxy services-no-endpoints { 198.19.0.10 . tcp . 80 }"}},
-		{[]*model.Endpoint{dptest.EP("198.18.65.13", 8080, false)}, []string{"delete element ip kproxy services-no-endpoints", "198.18.65.13 . 8080"}},
+		{nil, []string{"add element ip kube-proxy services-no-endpoints { 198.19.0.10 . tcp . 80 }"}},
+		{[]*model.Endpoint{dptest.EP("198.18.65.13", 8080, false)}, []string{"delete element ip kube-proxy services-no-endpoints", "198.18.65.13 . 8080"}},
 	} {
 		svc := dptest.Svc("ns", "cluster", "198.19.0.10", 80, dptest.WithEPs(step.eps...))
 		for i, sp := range next.V4.Ports {
@@ -228,7 +228,7 @@ func TestApplyRestartReusesTable(t *testing.T) {
 	e.restart()
 	e.sync(snap, dataplane.SyncRequest{Full: true})
 	tx := e.k.lastTx(model.IPv4)
-	if strings.Contains(tx, "svc-") || strings.Contains(tx, "add element ip kproxy service-ips") || strings.Contains(tx, "delete") {
+	if strings.Contains(tx, "svc-") || strings.Contains(tx, "add element ip kube-proxy service-ips") || strings.Contains(tx, "delete") {
 		t.Errorf("restart rewrote Service state instead of reusing it:\n%s", tx)
 	}
 	e.checkKernel(snap)
@@ -340,9 +340,57 @@ func TestApplyFailureForcesFullResync(t *testing.T) {
 	if err := p.Sync(context.Background(), next, dataplane.SyncRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(fake.LastTransaction.String(), "add table") {
-		t.Error("the sync after a failure was not a full one")
+	if tx := fake.LastTransaction.String(); !strings.Contains(tx, "add table") || strings.Contains(tx, "delete table") {
+		t.Errorf("the sync after a failed incremental one was not a full one that keeps the table:\n%s", tx)
 	}
+	// A failed full sync: the next one replaces the table, once.
+	f.fail = true
+	if err := p.Sync(context.Background(), snap, dataplane.SyncRequest{Full: true}); err == nil {
+		t.Fatal("Sync succeeded despite the failing kernel")
+	}
+	f.fail = false
+	for i, replace := range []bool{true, false} {
+		if err := p.Sync(context.Background(), snap, dataplane.SyncRequest{Full: true}); err != nil {
+			t.Fatal(err)
+		}
+		if tx := fake.LastTransaction.String(); strings.Contains(tx, "delete table") != replace {
+			t.Errorf("full sync %d after a failed full sync: replaced the table = %v, want %v:\n%s", i, !replace, replace, tx)
+		}
+	}
+	if dump := fake.Dump(); !strings.Contains(dump, "ns/one") && !strings.Contains(dump, "svc-") {
+		t.Errorf("table after the replacement:\n%s", dump)
+	}
+}
+
+// TestTakesOverUpstreamTable: upstream kube-proxy's nftables table (its
+// per-Service chains referenced from service-ips, its no-endpoint maps, a
+// nodeport-ips set of another definition) is replaced by the first sync in
+// one transaction, and the result is exactly what a fresh table holds.
+func TestTakesOverUpstreamTable(t *testing.T) {
+	e := newApplyEnv(t)
+	up, _ := e.k.open(knftables.IPv4Family, DefaultTableName)
+	upstream := `add table ip kube-proxy { comment "rules for kube-proxy" ; }
+add chain ip kube-proxy nat-prerouting { type nat hook prerouting priority -100 ; }
+add chain ip kube-proxy services
+add chain ip kube-proxy service-ULMVA6XW-ns/a/tcp/p80
+add chain ip kube-proxy endpoint-5OJB2KTY-ns/a/tcp/p80__198.18.65.10/80
+add map ip kube-proxy service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; }
+add map ip kube-proxy no-endpoint-services { type ipv4_addr . inet_proto . inet_service : verdict ; }
+add set ip kube-proxy nodeport-ips { type ipv4_addr ; }
+add rule ip kube-proxy nat-prerouting jump services
+add rule ip kube-proxy services ip daddr . meta l4proto . th dport vmap @service-ips
+add rule ip kube-proxy service-ULMVA6XW-ns/a/tcp/p80 goto endpoint-5OJB2KTY-ns/a/tcp/p80__198.18.65.10/80
+add rule ip kube-proxy endpoint-5OJB2KTY-ns/a/tcp/p80__198.18.65.10/80 meta l4proto tcp dnat to 198.18.65.10:80
+add element ip kube-proxy service-ips { 198.19.0.1 . tcp . 80 : goto service-ULMVA6XW-ns/a/tcp/p80 }
+`
+	if err := up.(*knftables.Fake).ParseDump(upstream); err != nil {
+		t.Fatal(err)
+	}
+	e.sync(featureSnapshot(), dataplane.SyncRequest{Full: true})
+	if tx := e.k.lastTx(model.IPv4); !strings.Contains(tx, "delete table ip kube-proxy") {
+		t.Errorf("upstream's table was not replaced:\n%s", tx)
+	}
+	e.checkKernel(featureSnapshot())
 }
 
 func TestCleanupRemovesTables(t *testing.T) {
@@ -361,9 +409,11 @@ func TestCleanupRemovesTables(t *testing.T) {
 	}
 }
 
-func TestSyncRemovesUpstreamTables(t *testing.T) {
+// TestSyncRemovesOlderKproxyTables: the table older kproxy versions
+// programmed goes once the first sync has put kproxy's own in place.
+func TestSyncRemovesOlderKproxyTables(t *testing.T) {
 	e := newApplyEnv(t)
-	up, _ := e.k.open(knftables.IPv4Family, upstreamTable)
+	up, _ := e.k.open(knftables.IPv4Family, legacyTable)
 	tx := up.NewTransaction()
 	tx.Add(&knftables.Table{})
 	tx.Add(&knftables.Chain{Name: "nat-prerouting"})
@@ -372,7 +422,7 @@ func TestSyncRemovesUpstreamTables(t *testing.T) {
 	}
 	e.sync(featureSnapshot(), dataplane.SyncRequest{Full: true})
 	if dump := up.(*knftables.Fake).Dump(); dump != "" {
-		t.Errorf("upstream table left after the first sync:\n%s", dump)
+		t.Errorf("older kproxy table left after the first sync:\n%s", dump)
 	}
 	e.checkKernel(featureSnapshot())
 }
@@ -396,11 +446,11 @@ func TestApplySetServiceCIDRs(t *testing.T) {
 		e.cfg.ServiceCIDRs = s.cidrs
 		e.sync(snap, dataplane.SyncRequest{Changed: map[objects.Key]struct{}{}})
 		tx := e.k.lastTx(model.IPv4)
-		if !strings.Contains(tx, "flush set ip kproxy service-cidrs") || strings.Contains(tx, "chain") || strings.Contains(tx, "service-ips") {
+		if !strings.Contains(tx, "flush set ip kube-proxy service-cidrs") || strings.Contains(tx, "chain") || strings.Contains(tx, "service-ips") {
 			t.Errorf("step %d: transaction is not a rewrite of the service-cidrs set:\n%s", i, tx)
 		}
 		for _, w := range s.want {
-			if !strings.Contains(tx, "add element ip kproxy service-cidrs { "+w+" }") {
+			if !strings.Contains(tx, "add element ip kube-proxy service-cidrs { "+w+" }") {
 				t.Errorf("step %d: transaction lacks %s:\n%s", i, w, tx)
 			}
 		}
@@ -440,7 +490,7 @@ func TestApplySuspectRepair(t *testing.T) {
 	e.sync(snap, dataplane.SyncRequest{Full: true})
 	e.checkKernel(snap)
 	tx := e.k.lastTx(model.IPv4)
-	if strings.Count(tx, "flush chain ip kproxy svc-") != 1 || !strings.Contains(tx, "add element ip kproxy service-ips") {
+	if strings.Count(tx, "flush chain ip kube-proxy svc-") != 1 || !strings.Contains(tx, "add element ip kube-proxy service-ips") {
 		t.Errorf("repair did not rewrite exactly the flushed chain and refill the map:\n%s", tx)
 	}
 	if st := e.p.fams[model.IPv4]; st.suspects != nil || st.distrust {

@@ -127,9 +127,10 @@ func BenchmarkColdSync10k(b *testing.B) {
 			batch.Release()
 			return true
 		}
-		if err := st.prepareFull(ctx, cfg, snap.V4, snap.Node, &t, encode); err != nil {
+		if err := st.readIfUnsure(ctx); err != nil {
 			b.Fatal(err)
 		}
+		st.renderFull(cfg, snap.V4, snap.Node, &t, encode)
 	}
 }
 

@@ -81,10 +81,14 @@ func (t *nlTxn) queue(o op) error {
 	t.closeElems()
 	switch obj := o.obj.(type) {
 	case *knftables.Table:
-		if o.verb != opAdd {
+		switch o.verb {
+		case opAdd:
+			t.b.addTable(deref(obj.Comment))
+		case opDelete:
+			t.b.delTable()
+		default:
 			return errNoNetlink
 		}
-		t.b.addTable(deref(obj.Comment))
 	case *knftables.Chain:
 		return t.chain(o.verb, obj)
 	case *knftables.Rule:

@@ -66,12 +66,12 @@ func TestPrivilegedClusterIPTraffic(t *testing.T) {
 			t.Fatalf("%s: got %q, %v; want %q", step, got, err, want)
 		}
 	}
-	dptest.Run(t, "ip", "netns", "exec", n.Node, "nft", "add", "table", "ip", upstreamTable)
+	dptest.Run(t, "ip", "netns", "exec", n.Node, "nft", "add", "table", "ip", legacyTable)
 	p, _ := New(privConfig())
 	n.sync(p, svcOn(8080), dataplane.SyncRequest{Full: true})
 	expect("first sync", "pod-8080")
-	if out, _ := exec.Command("ip", "netns", "exec", n.Node, "nft", "list", "tables").CombinedOutput(); strings.Contains(string(out), upstreamTable) {
-		t.Errorf("upstream kube-proxy table left after the first sync: %s", out)
+	if out, _ := exec.Command("ip", "netns", "exec", n.Node, "nft", "list", "tables").CombinedOutput(); strings.Contains(string(out), " "+legacyTable+"\n") {
+		t.Errorf("older kproxy table left after the first sync: %s", out)
 	}
 
 	n.sync(p, svcOn(8081), dataplane.SyncRequest{})
@@ -385,7 +385,11 @@ func checkAffinityLookups(t *testing.T, listing string) string {
 
 // listTable returns a kproxy table as nft lists it, elements sorted.
 func listTable(t *testing.T, ns, fam string) string {
-	out, err := exec.Command("ip", "netns", "exec", ns, "nft", "list", "table", fam, DefaultTableName).CombinedOutput()
+	return listTableNamed(t, ns, fam, DefaultTableName)
+}
+
+func listTableNamed(t *testing.T, ns, fam, table string) string {
+	out, err := exec.Command("ip", "netns", "exec", ns, "nft", "list", "table", fam, table).CombinedOutput()
 	if err != nil {
 		return "" // no table of this family
 	}

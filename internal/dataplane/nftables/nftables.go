@@ -21,11 +21,27 @@ import (
 	"github.com/kproxy/kproxy/internal/model"
 )
 
-// DefaultTableName is the table kproxy programs when Config.TableName is empty.
-const DefaultTableName = "kproxy"
+// DefaultTableName is the table kproxy programs when Config.TableName is
+// empty: upstream kube-proxy's own, in families ip and ip6. Sharing the
+// name is what makes a rollback to upstream clean. Upstream started in
+// iptables or ipvs mode deletes the kube-proxy tables before anything else;
+// started in nftables mode it takes the table over: it deletes and
+// recreates the base chains (kproxy's have upstream's names, hooks and
+// priorities), flushes the fixed chains it shares with kproxy, and flushes
+// then deletes every chain with a "/" in its name that it does not use
+// (all of kproxy's per-Service chains). The sets and maps whose names it
+// shares with kproxy have the same definitions as upstream's; kproxy's
+// others stay behind unreferenced, and go with the table in upstream's
+// cleanup. A table of any other name would outlive a rollback, hooked in.
+const DefaultTableName = "kube-proxy"
 
-// upstreamTable is upstream kube-proxy's nftables table, removed by Cleanup.
-const upstreamTable = "kube-proxy"
+// legacyTable is the table older kproxy versions programmed: deleted once
+// kproxy's own table is in place, and by Cleanup.
+const legacyTable = "kproxy"
+
+// tableComment is the comment of the tables kproxy creates. An existing
+// table keeps its comment when kproxy takes it over in place.
+const tableComment = "kproxy service proxy rules"
 
 // Proxier is the nftables Dataplane. It is safe for use by one runner
 // goroutine at a time (calls are serialised by a mutex).
@@ -45,8 +61,9 @@ type Proxier struct {
 	// mon is the nftables monitor Drifted reads (netlink only; opened by
 	// the first Drifted, in the calling thread's network namespace).
 	mon *monitorHandle
-	// upstreamGone is set once upstream kube-proxy's tables were removed.
-	upstreamGone bool
+	// othersGone is set once the tables of other names (otherTables) were
+	// removed.
+	othersGone bool
 }
 
 var (
@@ -129,7 +146,7 @@ func (p *Proxier) Sync(ctx context.Context, snap *model.Snapshot, req dataplane.
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	p.removeUpstream(ctx)
+	p.removeOtherTables(ctx)
 	return nil
 }
 
@@ -147,21 +164,36 @@ func (p *Proxier) SetServiceCIDRs(cidrs []netip.Prefix) {
 	p.cfg.ServiceCIDRs = slices.Clone(cidrs)
 }
 
-// removeUpstream deletes upstream kube-proxy's nftables tables once kproxy's
-// own are in place, so that a node switching proxies never lacks rules.
-func (p *Proxier) removeUpstream(ctx context.Context) {
-	if p.upstreamGone {
+// otherTables are the tables, besides the one kproxy programs, that hold
+// service proxy rules: older kproxy versions' and upstream's (when
+// Config.TableName is not upstream's name).
+func (p *Proxier) otherTables() []string {
+	var out []string
+	for _, t := range []string{legacyTable, DefaultTableName} {
+		if t != p.table {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// removeOtherTables deletes otherTables once kproxy's own table is in
+// place, so that a node switching proxies never lacks rules.
+func (p *Proxier) removeOtherTables(ctx context.Context) {
+	if p.othersGone {
 		return
 	}
 	var errs []error
 	for _, f := range p.cfg.Families {
-		errs = append(errs, p.deleteTable(ctx, f, upstreamTable))
+		for _, t := range p.otherTables() {
+			errs = append(errs, p.deleteTable(ctx, f, t))
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		klog.FromContext(ctx).Error(err, "Removing upstream kube-proxy's nftables tables failed; retrying at the next sync")
+		klog.FromContext(ctx).Error(err, "Removing other nftables service proxy tables failed; retrying at the next sync")
 		return
 	}
-	p.upstreamGone = true
+	p.othersGone = true
 }
 
 // Drifted implements dataplane.Dataplane. Over netlink it reads the
@@ -281,15 +313,15 @@ func (st *famState) drifted(ctx context.Context) (bool, error) {
 	return false, nil
 }
 
-// Cleanup implements dataplane.Dataplane: it deletes kproxy's tables and
-// upstream kube-proxy's nftables tables in every configured family.
-// iptables leftovers are the iptables backend's job.
+// Cleanup implements dataplane.Dataplane: it deletes kproxy's tables, older
+// kproxy versions' and upstream kube-proxy's nftables tables in both
+// families. iptables leftovers are the iptables backend's job.
 func (p *Proxier) Cleanup(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var errs []error
 	for _, f := range []model.Family{model.IPv4, model.IPv6} {
-		for _, table := range []string{p.table, upstreamTable} {
+		for _, table := range append([]string{p.table}, p.otherTables()...) {
 			errs = append(errs, p.deleteTable(ctx, f, table))
 		}
 		delete(p.fams, f)

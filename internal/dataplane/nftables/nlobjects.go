@@ -36,6 +36,15 @@ func (b *nlBatch) addTable(comment string) {
 	b.Finish(m)
 }
 
+// delTable deletes the table with everything in it: with an addTable
+// before it (so that it exists) and one after it, a batch replaces the
+// table atomically.
+func (b *nlBatch) delTable() {
+	m := b.Msg(unix.NFT_MSG_DELTABLE, 0)
+	b.AttrStr(unix.NFTA_TABLE_NAME, b.table)
+	b.Finish(m)
+}
+
 var hookNums = map[knftables.BaseChainHook]uint32{
 	knftables.PreroutingHook:  unix.NF_INET_PRE_ROUTING,
 	knftables.InputHook:       unix.NF_INET_LOCAL_IN,

@@ -41,11 +41,14 @@ const (
 	setNodePortsNoLocal     = "nodeports-no-local-endpoints"
 	mapFirewallIPs          = "firewall-ips"
 	setClusterIPs           = "cluster-ips"
-	setNodePortIPs          = "nodeport-ips"
-	setServiceCIDRs         = "service-cidrs"
-	setHairpin              = "hairpin-connections"
-	mapEndpoints            = "endpoint-ranges"
-	setAffinity             = "affinity"
+	// Not upstream's "nodeport-ips" (node addresses, no interval flag): a
+	// set of the same name but another definition would make upstream's
+	// first sync after a rollback fail.
+	setNodePortIPs  = "nodeport-cidrs"
+	setServiceCIDRs = "service-cidrs"
+	setHairpin      = "hairpin-connections"
+	mapEndpoints    = "endpoint-ranges"
+	setAffinity     = "affinity"
 )
 
 // baseChains are the hooked chains; Drifted checks that they all exist.

@@ -136,9 +136,9 @@ func TestApplyStagedRestartWithNewService(t *testing.T) {
 	e.sync(next, dataplane.SyncRequest{Full: true})
 	e.checkKernel(next)
 	txs := recs[knftables.IPv4Family].txs
-	if len(txs) != 2 || strings.Count(txs[0], "add chain ip kproxy svc-") != 1 || !strings.Contains(txs[0], "add chain ip kproxy svc-") ||
+	if len(txs) != 2 || strings.Count(txs[0], "add chain ip kube-proxy svc-") != 1 || !strings.Contains(txs[0], "add chain ip kube-proxy svc-") ||
 		!strings.Contains(txs[0], "zz/new") || strings.Contains(txs[0], "add element") ||
-		strings.Count(txs[1], "add element ip kproxy "+mapEndpoints) != 2 || strings.Contains(txs[1], "add chain ip kproxy svc-") {
+		strings.Count(txs[1], "add element ip kube-proxy "+mapEndpoints) != 2 || strings.Contains(txs[1], "add chain ip kube-proxy svc-") {
 		t.Errorf("want one stage with the new Service's chain, then the rest:\n%s", strings.Join(txs, "\n----\n"))
 	}
 }

@@ -156,3 +156,21 @@ func contentName(prefix, human string, content ...string) string {
 // isPortObject reports whether a chain or set name was made by contentName
 // for a service port (fixed names never contain a slash).
 func isPortObject(name string) bool { return strings.Contains(name, "/") }
+
+// portChainPrefixes are the prefixes contentName is given for port chains.
+var portChainPrefixes = []string{"svc-", "loc-", "ext-", "fw-"}
+
+// isForeignChain reports whether a chain of the table is a per-Service
+// chain kproxy did not make: upstream kube-proxy's (service-, local-,
+// external-, endpoint-, firewall-…) when kproxy takes over its table.
+func isForeignChain(name string) bool {
+	if !isPortObject(name) {
+		return false
+	}
+	for _, p := range portChainPrefixes {
+		if strings.HasPrefix(name, p) {
+			return false
+		}
+	}
+	return true
+}

@@ -46,13 +46,14 @@ func upgradeFrom(t *testing.T, file, keptUntilUnused string) {
 	dptest.Run(t, "ip", "netns", "exec", n.Node, "nft", "-f", loaded)
 
 	cfg := dptest.Config()
+	cfg.TableName = legacyTable // where the files' layouts were written
 	cfg.Families = []model.Family{model.IPv4, model.IPv6}
 	cfg.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("198.19.0.0/24"), netip.MustParsePrefix("fd00:19::/112")}
 	clk := testingclock.NewFakePassiveClock(time.Now())
 	p, _ := New(cfg, WithClock(clk))
 	snap := featureSnapshot()
 	n.sync(p, snap, dataplane.SyncRequest{Full: true})
-	if l := listTable(t, n.Node, "ip"); keptUntilUnused != "" && !strings.Contains(l, keptUntilUnused) {
+	if l := listTableNamed(t, n.Node, "ip", legacyTable); keptUntilUnused != "" && !strings.Contains(l, keptUntilUnused) {
 		t.Error("the old endpoints maps went in the takeover, while old chains may still use them")
 	}
 	clk.SetTime(clk.Now().Add(2 * staleDelay))

@@ -207,3 +207,56 @@ func Classify(err error) ErrKind {
 		return KindOther
 	}
 }
+
+// KeepAlive is one TCP connection to an echo server kept open across many
+// exchanges, as a client with a pooled connection keeps it.
+type KeepAlive struct {
+	conn net.Conn
+	r    *bufio.Reader
+	dst  netip.AddrPort
+}
+
+// DialKeepAlive connects to dst through do, which runs its function where
+// the socket must be created (a network namespace's Netns.Do). The first
+// line the server answers with is read (and checked) here.
+func DialKeepAlive(do func(func() error) error, dst netip.AddrPort, timeout time.Duration) (*KeepAlive, error) {
+	var conn net.Conn
+	err := do(func() error {
+		var err error
+		conn, err = net.DialTimeout("tcp", dst.String(), timeout)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	k := &KeepAlive{conn: conn, r: bufio.NewReader(conn), dst: dst}
+	if res := k.exchange(timeout); !res.OK() {
+		conn.Close()
+		return nil, res.Err
+	}
+	return k, nil
+}
+
+// Exchange sends one line on the connection and waits up to a second for
+// the reply line.
+func (k *KeepAlive) Exchange() Result { return k.exchange(time.Second) }
+
+func (k *KeepAlive) exchange(timeout time.Duration) Result {
+	start := time.Now()
+	_ = k.conn.SetDeadline(start.Add(timeout))
+	line, err := "", error(nil)
+	if _, err = io.WriteString(k.conn, "hello\n"); err == nil {
+		line, err = k.r.ReadString('\n')
+	}
+	res := Result{Elapsed: time.Since(start)}
+	if err == nil {
+		res.Reply, err = ParseReply(line)
+	}
+	if err != nil {
+		res.Kind, res.Err = Classify(err), fmt.Errorf("keep-alive exchange with %s: %w", k.dst, err)
+	}
+	return res
+}
+
+// Close closes the connection.
+func (k *KeepAlive) Close() error { return k.conn.Close() }
