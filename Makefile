@@ -5,7 +5,7 @@ BIN     ?= bin
 GOFLAGS ?=
 FUZZTIME ?= 20s
 
-.PHONY: all build test unit fuzz e2e bench bench-scale bench-smoke lint demo ci clean testbed-deps
+.PHONY: all build test unit fuzz e2e e2e-ipvs bench bench-scale bench-smoke lint demo ci clean testbed-deps
 
 all: build
 
@@ -25,8 +25,18 @@ fuzz:
 e2e: build testbed-deps
 	$(GO) test -tags e2e -count=1 -timeout 40m -v ./test/e2e/... 2>&1 | tee $(BIN)/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|e2e:' ; exit $${PIPESTATUS[0]}
 
+## IPVS mode (and SCTP) on Debian's stock kernel under qemu: the e2e cases
+## with real traffic, inside the VM (test/vm/vm.sh; the kernel is cached)
+E2E_IPVS_RUN ?= TestKproxy|TestFeatures|TestIPVS
+e2e-ipvs: build testbed-deps
+	$(GO) test -c -tags e2e -o $(BIN)/e2e.test ./test/e2e
+	KPROXY_BIN=$(abspath $(BIN))/kproxy KPROXY_ECHO=$(abspath $(BIN))/kproxy-echo KPROXY_E2E_MODES=ipvs \
+		bash test/vm/vm.sh -t 2700 -e KPROXY_BIN -e KPROXY_ECHO -e KPROXY_E2E_MODES -- \
+		sh -c 'cd test/e2e && ../../$(BIN)/e2e.test -test.run "$(E2E_IPVS_RUN)" -test.v -test.timeout 40m' \
+		2>&1 | tee $(BIN)/e2e-ipvs.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|e2e:|vm.sh:' ; exit $${PIPESTATUS[0]}
+
 ## what the README calls "the test command"
-test: lint unit fuzz e2e bench-smoke
+test: lint unit fuzz e2e e2e-ipvs bench-smoke
 
 testbed-deps:
 	bash tools/build-apiserver.sh

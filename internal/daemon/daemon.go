@@ -97,6 +97,9 @@ type env struct {
 	ipv6      func() bool
 	clock     clock.Clock
 	stdout    io.Writer
+	// ipvsSupport lists what the node lacks for IPVS mode with the given
+	// scheduler (nil: nothing); nil skips the check.
+	ipvsSupport func(scheduler string) []string
 	// ipvsCleanup removes upstream ipvs mode's non-iptables leftovers
 	// (kube-ipvs0, IPVS virtual servers, ip sets); nil skips it.
 	ipvsCleanup func(ctx context.Context) error
@@ -127,6 +130,7 @@ func defaultEnv() env {
 		ipv6:            kernelIPv6Supported,
 		clock:           clock.RealClock{},
 		stdout:          os.Stdout,
+		ipvsSupport:     kernelIPVSSupport,
 		ipvsCleanup:     removeIPVSLeftovers,
 		firewallCleanup: removeFirewallLeftovers,
 		oomScoreAdj:     writeOOMScoreAdj,

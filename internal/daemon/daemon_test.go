@@ -202,10 +202,10 @@ func (roFiles) WriteInt(string, int) error  { return errNoDryRun }
 
 func TestUnknownMode(t *testing.T) {
 	o := testOptions()
-	o.Config.Mode = "ipvs"
+	o.Config.Mode = "kernelspace"
 	err := run(context.Background(), o, testEnv(nil, newFakeDataplane()))
-	if err == nil || !strings.Contains(err.Error(), "ipvs") {
-		t.Errorf("run(ipvs) = %v, want an unavailable-mode error", err)
+	if err == nil || !strings.Contains(err.Error(), "kernelspace") {
+		t.Errorf("run(kernelspace) = %v, want an unavailable-mode error", err)
 	}
 }
 

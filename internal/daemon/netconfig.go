@@ -185,6 +185,17 @@ func dataplaneConfig(c *kpv1alpha1.KubeProxyConfiguration, ips nodeIPs, fams []m
 	if c.IPTables.LocalhostNodePorts != nil && !*c.IPTables.LocalhostNodePorts {
 		cfg.NoLocalhostNodePorts = true
 	}
+	cfg.IPVS = dataplane.IPVSConfig{
+		Scheduler: c.IPVS.Scheduler, StrictARP: c.IPVS.StrictARP,
+		TCPTimeout: c.IPVS.TCPTimeout.Duration, TCPFinTimeout: c.IPVS.TCPFinTimeout.Duration, UDPTimeout: c.IPVS.UDPTimeout.Duration,
+	}
+	for _, s := range c.IPVS.ExcludeCIDRs {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return cfg, fmt.Errorf("ipvs.excludeCIDRs: %w", err)
+		}
+		cfg.IPVS.ExcludeCIDRs = append(cfg.IPVS.ExcludeCIDRs, p.Masked())
+	}
 	if cfg.LocalMode == dataplane.LocalClusterCIDR && c.ClusterCIDR != "" {
 		cidrs, err := parseCIDRs(c.ClusterCIDR)
 		if err != nil {

@@ -49,6 +49,7 @@ type daemon struct {
 // newDaemon builds the daemon's parts. It starts nothing and touches
 // neither the network nor the kernel.
 func newDaemon(o *config.Options, e env) (*daemon, error) {
+	o = ipvsFallback(o, e)
 	mode := string(o.Config.Mode)
 	if mode == "" {
 		mode = ModeIPTables // upstream's Linux default (config.Default sets it too)

@@ -10,6 +10,7 @@ import (
 	"github.com/kproxy/kproxy/internal/config"
 	"github.com/kproxy/kproxy/internal/dataplane"
 	"github.com/kproxy/kproxy/internal/dataplane/iptables"
+	"github.com/kproxy/kproxy/internal/dataplane/ipvs"
 	"github.com/kproxy/kproxy/internal/dataplane/nftables"
 	"github.com/kproxy/kproxy/internal/objects"
 	"github.com/kproxy/kproxy/internal/source/api"
@@ -117,5 +118,6 @@ func defaultDataplanes() map[string]DataplaneFunc {
 	return map[string]DataplaneFunc{
 		ModeNFTables: func(cfg dataplane.Config) (dataplane.Dataplane, error) { return nftables.New(cfg) },
 		ModeIPTables: func(cfg dataplane.Config) (dataplane.Dataplane, error) { return iptables.New(cfg) },
+		ModeIPVS:     func(cfg dataplane.Config) (dataplane.Dataplane, error) { return ipvs.New(cfg) },
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"io"
 	"net/netip"
+	"time"
 
 	"github.com/kproxy/kproxy/internal/model"
 	"github.com/kproxy/kproxy/internal/objects"
@@ -93,4 +94,22 @@ type Config struct {
 	// objects), both families mixed. Traffic to an address in them that is
 	// not an allocated ClusterIP is dropped, as upstream does. Empty: no rule.
 	ServiceCIDRs []netip.Prefix
+	// IPVS holds IPVS mode's settings (the configuration's ipvs section).
+	IPVS IPVSConfig
+}
+
+// IPVSConfig is IPVS mode's part of Config.
+type IPVSConfig struct {
+	// Scheduler is the default IPVS scheduler ("" means rr).
+	Scheduler string
+	// StrictARP makes the node answer ARP only for addresses of the
+	// interface asked on (arp_ignore=1, arp_announce=2), so the Service IPs
+	// bound to kube-ipvs0 are not announced on the node's links.
+	StrictARP bool
+	// ExcludeCIDRs are ranges whose IPVS virtual servers kproxy leaves
+	// alone (another component's).
+	ExcludeCIDRs []netip.Prefix
+	// TCPTimeout, TCPFinTimeout and UDPTimeout are IPVS's connection
+	// timeouts; zero leaves the kernel's.
+	TCPTimeout, TCPFinTimeout, UDPTimeout time.Duration
 }

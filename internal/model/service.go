@@ -38,6 +38,7 @@ type svcInfo struct {
 	affinity     int32
 	epl, ipl     bool
 	hcPort       uint16
+	scheduler    string
 	ports        []portSpec // valid, unique, sorted by name and protocol
 }
 
@@ -86,6 +87,7 @@ func parseService(svc *objects.Service, probs *problemList) *svcInfo {
 	info.ipl = parsePolicy(svc.InternalTrafficPolicy, "spec.internalTrafficPolicy", probs)
 	info.affinity = parseAffinity(svc, probs)
 	info.hcPort = parseHealthCheck(svc, info.epl, probs)
+	info.scheduler = parseScheduler(svc.IPVSScheduler, probs)
 	info.ports = parsePorts(svc.Ports, probs)
 	splitAddrs(&info.externalIPs, addrList(svc.ExternalIPs, "spec.externalIPs", probs))
 	parseIngress(info, svc.LoadBalancerIngress, probs)
@@ -161,6 +163,20 @@ func parseAffinity(svc *objects.Service, probs *problemList) int32 {
 		t = defaultAffinityTimeout
 	}
 	return t
+}
+
+// ipvsSchedulers are the schedulers of Linux IPVS (ip_vs_*.ko).
+var ipvsSchedulers = []string{"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh", "twos"}
+
+// parseScheduler reads the IPVS scheduler annotation: a known scheduler,
+// or "" (the configured default) for an unset or unknown one.
+func parseScheduler(s string, probs *problemList) string {
+	if s == "" || slices.Contains(ipvsSchedulers, s) {
+		return s
+	}
+	probs.add("metadata.annotations["+objects.AnnotationIPVSScheduler+"]",
+		"unknown IPVS scheduler "+quote(s)+"; using the default (--ipvs-scheduler)")
+	return ""
 }
 
 // parseHealthCheck returns the health-check node port: only LoadBalancer
@@ -288,5 +304,6 @@ func (info *svcInfo) servicePort(key objects.Key, f Family, ps portSpec) Service
 		ExternalPolicyLocal: info.epl,
 		InternalPolicyLocal: info.ipl,
 		HealthCheckNodePort: info.hcPort,
+		Scheduler:           info.scheduler,
 	}
 }

@@ -182,6 +182,10 @@ type ServicePort struct {
 	// HealthCheckNodePort serves /healthz for a LoadBalancer Service with
 	// ExternalPolicyLocal; 0 if none.
 	HealthCheckNodePort uint16
+	// Scheduler is the Service's IPVS scheduler from its
+	// objects.AnnotationIPVSScheduler annotation; "" means the configured
+	// one. Only IPVS mode reads it.
+	Scheduler string
 	// TopologyMode is the topology the cluster endpoints were chosen with:
 	// "" (none), "PreferSameZone" or "PreferSameNode" (from the hints).
 	TopologyMode string

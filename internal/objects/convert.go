@@ -23,6 +23,7 @@ func FromService(svc *corev1.Service) *Service {
 		SessionAffinity:          string(spec.SessionAffinity),
 		ExternalTrafficPolicy:    string(spec.ExternalTrafficPolicy),
 		HealthCheckNodePort:      spec.HealthCheckNodePort,
+		IPVSScheduler:            svc.Annotations[AnnotationIPVSScheduler],
 	}
 	if len(out.ClusterIPs) == 0 && spec.ClusterIP != "" {
 		out.ClusterIPs = []string{spec.ClusterIP}

@@ -65,7 +65,17 @@ type Service struct {
 	HealthCheckNodePort   int32
 
 	TrafficDistribution string // spec.trafficDistribution, "" when unset
+
+	// IPVSScheduler is the AnnotationIPVSScheduler annotation: kproxy's
+	// per-Service IPVS scheduler, "" when unset.
+	IPVSScheduler string
 }
+
+// AnnotationIPVSScheduler names the IPVS scheduler (rr, wrr, lc, wlc,
+// lblc, lblcr, dh, sh, sed, nq, fo, ovf, mh, twos) of a Service's virtual
+// servers in IPVS mode, overriding --ipvs-scheduler. kproxy's extension:
+// upstream kube-proxy has one scheduler for every Service.
+const AnnotationIPVSScheduler = "ipvs.kproxy.io/scheduler"
 
 // Key returns the Service's namespace and name.
 func (s *Service) Key() Key { return Key{s.Namespace, s.Name} }

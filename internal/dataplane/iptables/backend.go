@@ -33,6 +33,10 @@ func (b Backend) cmd(fam model.Family, tool string) string {
 	return base + "-" + string(b) + tool
 }
 
+// Command is the program of this backend for a family; tool is "",
+// "-save" or "-restore" (for other modes that write a few iptables rules).
+func (b Backend) Command(fam model.Family, tool string) string { return b.cmd(fam, tool) }
+
 func (b Backend) other() Backend {
 	if b == BackendLegacy {
 		return BackendNFT

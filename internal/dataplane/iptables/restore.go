@@ -129,6 +129,10 @@ func ruleTarget(rule string) string {
 	return ""
 }
 
+// SplitArgs splits one rule of iptables-save text into the arguments of
+// an iptables command (double quotes group words).
+func SplitArgs(rule string) []string { return splitArgs(rule) }
+
 // splitArgs splits a rule into arguments, honouring double quotes (a
 // backslash inside them escapes the next byte).
 func splitArgs(s string) []string {
