@@ -82,12 +82,6 @@ func TestLeftoversRemovedAfterFirstSync(t *testing.T) {
 	}
 }
 
-func TestKubeIPSets(t *testing.T) {
-	got := kubeIPSets("KUBE-CLUSTER-IP\nmy-set\n KUBE-6-NODE-PORT-TCP \n\n")
-	if want := []string{"KUBE-CLUSTER-IP", "KUBE-6-NODE-PORT-TCP"}; !slices.Equal(got, want) {
-		t.Errorf("kubeIPSets = %v, want %v", got, want)
-	}
-}
 
 func TestFirewallRemoval(t *testing.T) {
 	saved := `*filter

@@ -9,12 +9,12 @@ import (
 	"testing"
 )
 
-// TestIPVSFallback: on a kernel without IPVS (this machine's), kproxy asked
+// TestFallbackToIPTables: on a kernel without IPVS (this machine's), kproxy asked
 // for `--proxy-mode ipvs` warns, naming what is missing, and runs iptables
 // mode: traffic through node1 works through iptables rules, and /proxyMode
 // and the metrics report iptables. In the IPVS VM (make e2e-ipvs) the mode
 // itself is tested instead.
-func TestIPVSFallback(t *testing.T) {
+func TestFallbackToIPTables(t *testing.T) {
 	kproxyOnly(t, "kproxy's fallback; upstream v1.36 exits instead")
 	if _, err := os.Stat("/proc/net/ip_vs"); err == nil {
 		t.Skip("this kernel has IPVS: the fallback cannot happen here (make e2e-ipvs tests the mode)")

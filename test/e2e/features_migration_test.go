@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -21,7 +22,14 @@ import (
 //     trace, upstream starts; probes fail only while no proxy has rules.
 //
 // A case runs when its kproxy mode is in KPROXY_E2E_MODES.
-func TestMigration(t *testing.T) {
+// TestMigrationIPVS has the cases with IPVS on either side.
+func TestMigration(t *testing.T) { testMigration(t, false) }
+
+// TestMigrationIPVS runs the migrations with IPVS on either side, on a
+// kernel with IPVS (make e2e-ipvs).
+func TestMigrationIPVS(t *testing.T) { testMigration(t, true) }
+
+func testMigration(t *testing.T, withIPVS bool) {
 	if isUpstream() {
 		t.Skip("migrates between upstream kube-proxy and kproxy: KPROXY_BIN must be kproxy")
 	}
@@ -36,15 +44,24 @@ func TestMigration(t *testing.T) {
 		{"UpstreamIPTablesToIPTables", proxySpec{bin: up, mode: "iptables"}, proxySpec{bin: kp, mode: "iptables"}, false},
 		{"UpstreamIPTablesToNFTables", proxySpec{bin: up, mode: "iptables", config: true}, proxySpec{bin: kp, mode: "nftables", config: true}, true},
 		{"UpstreamNFTablesToNFTables", proxySpec{bin: up, mode: "nftables", config: true}, proxySpec{bin: kp, mode: "nftables", config: true}, false},
+		// IPVS mode needs a kernel with IPVS: make e2e-ipvs runs these.
+		{"UpstreamIPVSToIPVS", proxySpec{bin: up, mode: "ipvs"}, proxySpec{bin: kp, mode: "ipvs", config: true}, false},
+		{"UpstreamIPVSToNFTables", proxySpec{bin: up, mode: "ipvs", config: true}, proxySpec{bin: kp, mode: "nftables"}, false},
 	} {
+		if withIPVS != (tc.from.mode == "ipvs" || tc.to.mode == "ipvs") {
+			continue
+		}
 		t.Run(tc.name, func(t *testing.T) {
-			skipUnlessMode(t, tc.to.mode)
+			skipUnlessCase(t, tc.to.mode, tc.from.mode)
 			b := newMigBed(t, "e2e-mig-"+strings.ToLower(tc.name))
 			if tc.ipvsSets {
 				b.addIPVSSets()
 			}
 			testFromUpstream(t, b, tc.from, tc.to)
 		})
+	}
+	if withIPVS {
+		return
 	}
 	for _, mode := range []string{"nftables", "iptables"} {
 		name := "CleanupToUpstream" + map[string]string{"nftables": "NFTables", "iptables": "IPTables"}[mode]
@@ -60,6 +77,21 @@ func skipUnlessMode(t *testing.T, mode string) {
 	t.Helper()
 	if !slices.Contains(modes(), mode) {
 		t.Skipf("kproxy mode %s is not in KPROXY_E2E_MODES (%v)", mode, modes())
+	}
+}
+
+// skipUnlessCase skips a switch between kproxy's mode and upstream's: one
+// with IPVS on either side runs where the kernel has IPVS (make e2e-ipvs;
+// make e2e leaves these out with -skip), any other when kproxy's mode is
+// in KPROXY_E2E_MODES.
+func skipUnlessCase(t *testing.T, kproxyMode, upstreamMode string) {
+	t.Helper()
+	if kproxyMode != "ipvs" && upstreamMode != "ipvs" {
+		skipUnlessMode(t, kproxyMode)
+		return
+	}
+	if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
+		t.Skipf("this kernel has no IPVS (run make e2e-ipvs): %v", err)
 	}
 }
 
@@ -147,6 +179,9 @@ func (b *migBed) checkUpstreamState(mode string) {
 	if mode == "iptables" && !slices.Contains(b.kubeChains(), "nat KUBE-SERVICES") {
 		b.t.Fatalf("upstream iptables mode runs but there is no nat KUBE-SERVICES chain: %v", b.kubeChains())
 	}
+	if mode == "ipvs" && len(b.ipvsLeft()) == 0 {
+		b.t.Fatal("upstream ipvs mode runs but there is no IPVS state")
+	}
 }
 
 // leftoversGone returns a check that upstream's state of the other modes
@@ -167,7 +202,9 @@ func (b *migBed) leftoversGone(mode string) func() error {
 				}
 			}
 		}
-		left = append(left, b.kubeIPSets()...)
+		if mode != "ipvs" {
+			left = append(left, b.ipvsLeft()...)
+		}
 		if len(left) > 0 {
 			return fmt.Errorf("still there: %v", left)
 		}
@@ -201,6 +238,15 @@ func upstreamNFTObjects(g *nftGraph) []string {
 // hold kproxy's layout.
 func (b *migBed) checkOwned(mode string) {
 	b.t.Helper()
+	if mode == "ipvs" {
+		if len(b.ipvsLeft()) == 0 {
+			b.t.Error("no IPVS state after the switch to kproxy's ipvs mode")
+		}
+		if dups := duplicateRules(b.iptablesSave()); len(dups) > 0 {
+			b.t.Errorf("rules present twice after the takeover:\n  %s", strings.Join(dups, "\n  "))
+		}
+		return
+	}
 	if mode == "nftables" {
 		g := b.nftGraph()
 		if g.objects[nftKey("ip", "kube-proxy", "map", "endpoint-ranges-tcp-00")] == nil {

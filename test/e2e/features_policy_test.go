@@ -65,8 +65,19 @@ func testExternalTrafficPolicyLocal(t *testing.T, b *fbed, f family) {
 			checkSources(t, fmt.Sprintf("%s client -> %s:%d", proto, dst, port), got, isOneOf(client), "the client's "+client.String()+" (no SNAT)")
 		}
 	}
-	b.expectDropped(t, b.bed.Client(), req(echo.ProtoTCP, nodeAddr(n2, f), np), f)
 	b.checkHealthCheckNodePort(t, svc, f, map[*netbed.Node]int{n1: len(local), n2: 0})
+	if b.mode == "ipvs" {
+		// Upstream's IPVS mode: the external virtual servers of node2 have
+		// node2's endpoints, none, and IPVS answers a virtual server
+		// without real servers with ICMP port unreachable, whoever sends
+		// (no drop, no short-circuit for the node and its pods).
+		pod := b.podsOn("node2")[0]
+		b.expectRefused(t, b.bed.Client(), req(echo.ProtoTCP, nodeAddr(n2, f), np), f)
+		b.expectRefused(t, n2.Netns, req(echo.ProtoTCP, nodeAddr(n2, f), np), f)
+		b.expectRefused(t, pod.Netns, req(echo.ProtoTCP, lb, 80), f)
+		return
+	}
+	b.expectDropped(t, b.bed.Client(), req(echo.ProtoTCP, nodeAddr(n2, f), np), f)
 
 	// Short-circuit: the node without local endpoints, and its pods, use
 	// the cluster's endpoints.
@@ -132,8 +143,14 @@ func testInternalTrafficPolicyLocal(t *testing.T, b *fbed, f family) {
 		t.Logf("tcp %s -> %s: %s", c.ns.Name, vip, got)
 	}
 	b.setSlices(t, svc.Name, nil, readyEPs(on1...))
-	b.expectDropped(t, on2[1].Netns, req(echo.ProtoTCP, vip, 80), f)
-	b.expectDropped(t, b.node(1).Netns, req(echo.ProtoTCP, vip, 80), f)
+	// Without local endpoints: dropped; upstream's IPVS mode answers (a
+	// virtual server without real servers) with ICMP port unreachable.
+	expect := b.expectDropped
+	if b.mode == "ipvs" {
+		expect = b.expectRefused
+	}
+	expect(t, on2[1].Netns, req(echo.ProtoTCP, vip, 80), f)
+	expect(t, b.node(1).Netns, req(echo.ProtoTCP, vip, 80), f)
 	got := waitForPods(t, b.exited, on1[0].Netns, req(echo.ProtoTCP, vip, 80), on1...)
 	t.Logf("tcp %s -> %s (still local endpoints): %s", on1[0].PodName, vip, got)
 }

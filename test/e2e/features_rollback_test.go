@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"regexp"
@@ -26,7 +27,8 @@ import (
 //   - probes: on the same mode none may fail (as when upstream restarts);
 //     on a mode switch only those sent while upstream ran its start-up
 //     cleanup of the other mode's rules and had not served yet (upstream's
-//     own mode switch has that window); keep-alive connections never fail;
+//     own mode switch has that window); keep-alive connections never fail
+//     on the same mode;
 //   - kernel state: nothing of kproxy's steers a packet: no dispatch bucket,
 //     kproxy table or rule of its own; in the kube-proxy nftables table
 //     kproxy's chains are gone after upstream's next sync and its sets are
@@ -36,17 +38,34 @@ import (
 //     followed, and upstream's log shows no failed sync;
 //   - upstream's own `--cleanup` then removes everything.
 //
-// A case runs when its kproxy mode is in KPROXY_E2E_MODES.
-func TestRollback(t *testing.T) {
+// A case runs when its kproxy mode is in KPROXY_E2E_MODES; TestRollbackIPVS
+// has the cases with IPVS on either side.
+func TestRollback(t *testing.T) { testRollbacks(t, false) }
+
+// TestRollbackIPVS runs the rollbacks with IPVS on either side, on a
+// kernel with IPVS (make e2e-ipvs).
+func TestRollbackIPVS(t *testing.T) { testRollbacks(t, true) }
+
+func testRollbacks(t *testing.T, withIPVS bool) {
 	if isUpstream() {
 		t.Skip("rolls kproxy back to upstream kube-proxy: KPROXY_BIN must be kproxy")
 	}
 	up, kp := upstreamBinary(t), kproxyBinary(t)
-	for _, from := range []string{"nftables", "iptables"} {
-		for _, to := range []string{"nftables", "iptables"} {
+	all := []string{"nftables", "iptables", "ipvs"}
+	for _, from := range all {
+		for _, to := range all {
 			name := "Kproxy" + modeName(from) + "ToUpstream" + modeName(to)
+			if withIPVS != (from == "ipvs" || to == "ipvs") {
+				continue
+			}
+			if from == "ipvs" && to == "iptables" {
+				// Upstream's iptables mode removes no IPVS state (neither
+				// after its own ipvs mode): the README says to go
+				// through `kube-proxy --cleanup` or another mode.
+				continue
+			}
 			t.Run(name, func(t *testing.T) {
-				skipUnlessMode(t, from)
+				skipUnlessCase(t, from, to)
 				b := newMigBed(t, "e2e-rb-"+from[:3]+"-"+to[:3])
 				// One of each pair through flags, the other through a
 				// kubeadm-style config file.
@@ -54,9 +73,12 @@ func TestRollback(t *testing.T) {
 			})
 		}
 	}
-	for _, mode := range []string{"nftables", "iptables"} {
+	for _, mode := range all {
+		if withIPVS != (mode == "ipvs") {
+			continue
+		}
 		t.Run("UpstreamCleanupAfterKproxy"+modeName(mode), func(t *testing.T) {
-			skipUnlessMode(t, mode)
+			skipUnlessCase(t, mode, mode)
 			b := newMigBed(t, "e2e-rb-clean-"+mode[:3])
 			b.start(proxySpec{bin: kp, mode: mode})
 			b.waitServing(b.pods...)
@@ -67,7 +89,7 @@ func TestRollback(t *testing.T) {
 }
 
 func modeName(mode string) string {
-	return map[string]string{"nftables": "NFTables", "iptables": "IPTables"}[mode]
+	return map[string]string{"nftables": "NFTables", "iptables": "IPTables", "ipvs": "IPVS"}[mode]
 }
 
 func testRollback(t *testing.T, b *migBed, from, to proxySpec) {
@@ -95,6 +117,14 @@ func testRollback(t *testing.T, b *migBed, from, to proxySpec) {
 	for i, rs := range kaResults {
 		bad := failuresOf(rs)
 		t.Logf("%s: %d exchanges, %d failed", ka.names[i], len(rs), len(bad))
+		if from.mode != to.mode {
+			// Upstream removes the other mode's rules before its first
+			// sync: an established connection may not outlive that
+			// window (into IPVS mode it does not: the Service IP becomes
+			// local and the node resets the unknown connection), as
+			// when upstream switches its own mode.
+			continue
+		}
 		if len(rs) == 0 || len(bad) > 0 {
 			t.Errorf("%s: %d of %d exchanges on the kept-alive connection failed across the rollback:%s", ka.names[i], len(bad), len(rs), describeProbes(bad, 5))
 		}
@@ -204,45 +234,71 @@ func kproxyOnlyNFT(o *nftObject) bool {
 // what is left are sets nothing refers to.
 func (b *migBed) checkRolledBack(mode string, settled bool) {
 	b.t.Helper()
+	// Upstream syncs IPVS before iptables: the state settles a little
+	// after the first answers.
+	eventually(b.t, b.exited, func() error {
+		if p := b.rollbackProblems(mode, settled); len(p) > 0 {
+			return errors.New(strings.Join(p, "\n"))
+		}
+		return nil
+	}, "nothing of kproxy's steers packets with upstream in %s mode", mode)
+	var inert []string
+	for _, o := range b.nftGraph().inert("kube-proxy") {
+		inert = append(inert, o.String())
+	}
+	b.t.Logf("upstream %s mode: inert objects in the kube-proxy tables: %v", mode, inert)
+}
+
+// rollbackProblems lists what of kproxy's state can still steer a packet
+// (checkRolledBack).
+func (b *migBed) rollbackProblems(mode string, settled bool) []string {
+	var bad []string
 	for _, t := range b.nftTables() {
-		if strings.HasSuffix(t, " kproxy") || (mode == "iptables" && strings.HasSuffix(t, " kube-proxy")) {
-			b.t.Errorf("nftables table %s is still there with upstream in %s mode", t, mode)
+		if strings.HasSuffix(t, " kproxy") || (mode != "nftables" && strings.HasSuffix(t, " kube-proxy")) {
+			bad = append(bad, fmt.Sprintf("nftables table %s is still there with upstream in %s mode", t, mode))
 		}
 	}
 	save := b.iptablesSave()
-	if m := kproxyBuckets.FindAllString(save, -1); len(m) > 0 {
-		b.t.Errorf("kproxy's dispatch chains are still there: %v", m)
+	if m := kproxyBuckets.FindAllString(save, -1); len(m) > 0 && mode != "ipvs" {
+		bad = append(bad, fmt.Sprintf("kproxy's dispatch chains are still there: %v", m))
 	}
-	if strings.Contains(save, "kproxy") {
-		b.t.Errorf("iptables still holds kproxy's rules:\n%s", save)
-	}
-	if dups := duplicateRules(save); len(dups) > 0 {
-		b.t.Errorf("rules present twice:\n  %s", strings.Join(dups, "\n  "))
+	// Upstream's ipvs mode deletes no iptables-mode chain (nor after its
+	// own iptables mode): they may stay, but nothing may jump to them.
+	for _, l := range strings.Split(save, "\n") {
+		if mode == "ipvs" && strings.HasPrefix(l, "-A KUBE-SERVICES ") && strings.Contains(l, "-j KUBE-SVC-") {
+			bad = append(bad, "a kproxy chain is still reached: "+l)
+		}
 	}
 	if mode == "nftables" {
+		if left := b.ipvsLeft(); len(left) > 0 {
+			bad = append(bad, fmt.Sprintf("IPVS state left with upstream in nftables mode: %v", left))
+		}
 		for _, c := range leftoverChains(save) {
 			// KUBE-FIREWALL is kubelet's (both proxies add to it in
 			// iptables mode, neither deletes it).
 			if !strings.HasSuffix(c, " KUBE-FIREWALL") {
-				b.t.Errorf("iptables chain %s is still there with upstream in nftables mode", c)
+				bad = append(bad, fmt.Sprintf("iptables chain %s is still there with upstream in nftables mode", c))
 			}
 		}
 	}
+	if strings.Contains(save, "kproxy") {
+		bad = append(bad, "iptables still holds kproxy's rules:\n"+save)
+	}
+	if dups := duplicateRules(save); len(dups) > 0 {
+		bad = append(bad, "rules present twice:\n  "+strings.Join(dups, "\n  "))
+	}
 	g := b.nftGraph()
-	live := g.reachable()
-	for _, o := range live {
+	for _, o := range g.reachable() {
 		if o.table == "kube-proxy" && kproxyOnlyNFT(o) {
-			b.t.Errorf("kproxy's %s still steers packets", o)
+			bad = append(bad, fmt.Sprintf("kproxy's %s still steers packets", o))
 		}
 	}
-	var inert []string
 	for _, o := range g.inert("kube-proxy") {
-		inert = append(inert, o.String())
 		if settled && o.kind == "chain" && kproxyOnlyNFT(o) {
-			b.t.Errorf("kproxy's %s is still there after upstream synced again", o)
+			bad = append(bad, fmt.Sprintf("kproxy's %s is still there after upstream synced again", o))
 		}
 	}
-	b.t.Logf("upstream %s mode: inert objects in the kube-proxy tables: %v", mode, inert)
+	return bad
 }
 
 var (
@@ -253,7 +309,8 @@ var (
 	// whatever ran before it: a configuration advice, and (nftables mode,
 	// first sync on a node without its table) listing the table before
 	// the transaction that creates it.
-	upstreamOwnErrors = regexp.MustCompile(`Kube-proxy configuration may be incomplete|Failed to list existing nftables objects`)
+	// Its ipvs mode also says it is deprecated, at error level.
+	upstreamOwnErrors = regexp.MustCompile(`Kube-proxy configuration may be incomplete|Failed to list existing nftables objects|ipvs proxier is now deprecated`)
 )
 
 // checkUpstreamLog fails the test for any error upstream logged, but those
@@ -291,6 +348,27 @@ func (b *migBed) upstreamCleanup(up string) {
 			b.t.Errorf("after kube-proxy --cleanup, iptables chain %s is left", c)
 		}
 	}
+	if left := b.ipvsLeft(); len(left) > 0 {
+		b.t.Errorf("after kube-proxy --cleanup, IPVS state is left: %v", left)
+	}
+}
+
+// ipvsLeft lists node1's IPVS-mode state: virtual servers, kube-ipvs0 and
+// KUBE-* ip sets (none on a kernel without IPVS).
+func (b *migBed) ipvsLeft() []string {
+	b.t.Helper()
+	var left []string
+	if out, err := b.node.Run(context.Background(), "cat", "/proc/net/ip_vs"); err == nil {
+		for _, l := range strings.Split(out, "\n") {
+			if f := strings.Fields(l); len(f) > 0 && (f[0] == "TCP" || f[0] == "UDP" || f[0] == "SCTP") {
+				left = append(left, "virtual server "+l)
+			}
+		}
+	}
+	if _, err := b.node.IP(context.Background(), "link", "show", "kube-ipvs0"); err == nil {
+		left = append(left, "interface kube-ipvs0")
+	}
+	return append(left, b.kubeIPSets()...)
 }
 
 // keepAlive holds long-lived TCP connections from a pod on node1 to the

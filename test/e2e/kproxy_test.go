@@ -180,6 +180,12 @@ func (c *cluster) dumpRules(t *testing.T) {
 		default:
 			out, err = n.Run(ctx, "nft", "list", "ruleset")
 		}
+		if c.mode == "ipvs" {
+			ipvs, _ := n.Run(ctx, "cat", "/proc/net/ip_vs", "/proc/net/ip_vs_conn")
+			sets, _ := n.Run(ctx, "ipset", "save")
+			ct, _ := n.Run(ctx, "conntrack", "-L")
+			out += "\n---- /proc/net/ip_vs, ip_vs_conn ----\n" + ipvs + "\n---- ipset save ----\n" + sets + "\n---- conntrack -L ----\n" + ct
+		}
 		t.Logf("---- %s rules on %s (err=%v) ----\n%s", c.mode, n.Spec.Name, err, out)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -70,6 +71,7 @@ func newMigBed(t *testing.T, namespace string) *migBed {
 type proxySpec struct {
 	bin, mode string
 	config    bool
+	extra     []string // more flags (with flags only)
 }
 
 func (s proxySpec) String() string {
@@ -85,7 +87,7 @@ func (b *migBed) args(s proxySpec) []string {
 	if s.config {
 		return []string{s.bin, "--config", b.writeConfig(s.mode), "--hostname-override", b.node.Spec.Name}
 	}
-	return []string{s.bin,
+	return append([]string{s.bin,
 		"--kubeconfig", b.kcfg,
 		"--hostname-override", b.node.Spec.Name,
 		"--proxy-mode", s.mode,
@@ -95,7 +97,7 @@ func (b *migBed) args(s proxySpec) []string {
 		// nf_conntrack_max is global, not per namespace: leave it alone.
 		"--conntrack-max-per-core", "0",
 		"--v", "2",
-	}
+	}, s.extra...)
 }
 
 // kubeadmConfig is a KubeProxyConfiguration as kubeadm writes it to its
@@ -363,12 +365,57 @@ func duplicateRules(save string) []string {
 func (b *migBed) rulesMentioning(addr netip.Addr) []string {
 	b.t.Helper()
 	var out []string
-	for _, l := range append(strings.Split(b.iptablesSave(), "\n"), b.nftGraph().liveText()...) {
+	lines := append(strings.Split(b.iptablesSave(), "\n"), b.nftGraph().liveText()...)
+	for _, l := range append(lines, b.ipvsRealServers()...) {
 		if containsAddr(l, addr) {
 			out = append(out, strings.TrimSpace(l))
 		}
 	}
 	return out
+}
+
+// ipvsRealServers lists node1's IPVS real servers that take new
+// connections (weight > 0; a draining one has weight 0) as
+// "real server ADDR:PORT" lines.
+func (b *migBed) ipvsRealServers() []string {
+	out, err := b.node.Run(context.Background(), "cat", "/proc/net/ip_vs")
+	if err != nil {
+		return nil
+	}
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		if len(f) < 4 || f[0] != "->" || f[3] == "0" {
+			continue
+		}
+		if ap, ok := parseProcIPVS(f[1]); ok {
+			lines = append(lines, "real server "+ap.String())
+		}
+	}
+	return lines
+}
+
+// parseProcIPVS reads an address of /proc/net/ip_vs: C0A80001:0050 or
+// [fd00:0000:...:0001]:0050.
+func parseProcIPVS(s string) (netip.AddrPort, bool) {
+	i := strings.LastIndex(s, ":")
+	if i < 0 {
+		return netip.AddrPort{}, false
+	}
+	port, err := strconv.ParseUint(s[i+1:], 16, 16)
+	if err != nil {
+		return netip.AddrPort{}, false
+	}
+	host := strings.Trim(s[:i], "[]")
+	if !strings.Contains(host, ":") {
+		v, err := strconv.ParseUint(host, 16, 32)
+		if err != nil {
+			return netip.AddrPort{}, false
+		}
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), uint16(port)), true
+	}
+	a, err := netip.ParseAddr(host)
+	return netip.AddrPortFrom(a, uint16(port)), err == nil
 }
 
 // nftGraph reads node1's whole nftables ruleset.
@@ -447,7 +494,9 @@ func (b *migBed) kubeIPSets() []string {
 // node1, both families. Merely running iptables-legacy-save creates them.
 func (b *migBed) legacyTables() string {
 	b.t.Helper()
-	out, err := b.node.Run(context.Background(), "cat", "/proc/net/ip_tables_names", "/proc/net/ip6_tables_names")
+	// A kernel without the ip_tables module (the IPVS VM's, until
+	// something loads it) has neither file: no legacy table.
+	out, err := b.node.Run(context.Background(), "sh", "-c", "cat /proc/net/ip_tables_names /proc/net/ip6_tables_names 2>/dev/null || true")
 	if err != nil {
 		b.t.Fatal(err)
 	}

@@ -52,11 +52,17 @@ func (a *api) applyNodes(bed *netbed.Bed) {
 // NodePort), ports "tcp" and "udp" 80 -> echoPort; the API server allocates
 // its IPs and node ports.
 func (a *api) createService(name string, typ v1.ServiceType) *v1.Service {
+	return a.createAnnotatedService(name, typ, nil)
+}
+
+// createAnnotatedService is createService with annotations.
+func (a *api) createAnnotatedService(name string, typ v1.ServiceType, annotations map[string]string) *v1.Service {
 	a.t.Helper()
 	svc := controlplane.NewService(a.ns, name, nil,
 		controlplane.ServicePort("tcp", v1.ProtocolTCP, 80, echoPort),
 		controlplane.ServicePort("udp", v1.ProtocolUDP, 80, echoPort))
 	svc.Spec.Type = typ
+	svc.Annotations = annotations
 	svc.Spec.IPFamilyPolicy = ptr.To(v1.IPFamilyPolicyRequireDualStack)
 	out, err := a.cp.ApplyService(context.Background(), svc)
 	if err != nil {

@@ -222,6 +222,8 @@ func (k *fakeKernel) EnsureJump(fam model.Family, j jump) error {
 	return nil
 }
 
+func (k *fakeKernel) Has(string) bool { return true }
+
 func (k *fakeKernel) WriteSysctl(name string, v int) error {
 	if k.sysctls[name] != v {
 		k.sysctls[name] = v

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -204,22 +203,46 @@ func destMap(dests []*libipvs.Destination) map[netip.AddrPort]*libipvs.Destinati
 	return m
 }
 
-// Drifted implements dataplane.Dataplane: IPVS mode's state is checked
-// and repaired by its periodic syncs (every syncPeriod, full), not by a
-// drift probe.
-func (p *Proxier) Drifted(context.Context) (bool, error) { return false, nil }
+// Drifted implements dataplane.Dataplane: kube-ipvs0 must still hold every
+// Service IP kproxy bound (one netlink dump of its addresses; deleting
+// the interface or its addresses takes every ClusterIP away). A drift
+// makes the next sync full: it reads the kernel again and repairs.
+func (p *Proxier) Drifted(ctx context.Context) (bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.ready || len(p.bound) == 0 {
+		return false, nil
+	}
+	addrs, err := p.k.DummyAddrs()
+	if err != nil {
+		return false, err
+	}
+	have := map[netip.Addr]bool{}
+	for _, a := range addrs {
+		have[a] = true
+	}
+	for a := range p.bound {
+		if !have[a] {
+			klog.FromContext(ctx).Info("A Service IP is gone from kube-ipvs0; the next sync repairs it", "address", a, "interface", DummyDevice)
+			p.ready = false
+			return true, nil
+		}
+	}
+	return false, nil
+}
 
 // Cleanup implements dataplane.Dataplane: it deletes every IPVS virtual
 // server (but those in excludeCIDRs), kube-ipvs0 and the KUBE-* ip sets,
 // kproxy's and upstream kube-proxy's. The iptables rules that refer to the
 // sets are the iptables backend's Cleanup (which runs before this one).
-// A kernel without IPVS is left alone: nothing is loaded to look.
+// A kernel without IPVS (or ip sets) is left alone: nothing is loaded to
+// look. Sets still referenced by iptables rules stay (logged at V(2)).
 func (p *Proxier) Cleanup(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.ready = false
 	var errs []error
-	if _, err := os.Stat("/proc/net/ip_vs"); err == nil {
+	if p.k.Has("/proc/net/ip_vs") {
 		svcs, err := p.k.Services()
 		errs = append(errs, err)
 		for _, s := range svcs {
@@ -230,6 +253,10 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 		}
 	}
 	errs = append(errs, p.k.DeleteDummy())
+	// Without the ip_set module there are no sets, and ipset is not run.
+	if !p.k.Has("/sys/module/ip_set") {
+		return errors.Join(errs...)
+	}
 	if sets, err := p.k.SetMembers(); err == nil {
 		for _, name := range slices.Sorted(mapKeys(sets)) {
 			if err := p.k.IPSetRestore("destroy " + name + "\n"); err != nil {

@@ -281,3 +281,25 @@ func TestParseIPSetSave(t *testing.T) {
 		t.Errorf("parseIPSetSave = %v", got)
 	}
 }
+
+// TestDriftedWhenDummyGoes: deleting kube-ipvs0 (or a Service IP on it) is
+// drift, and the next sync binds the addresses again.
+func TestDriftedWhenDummyGoes(t *testing.T) {
+	k := newFakeKernel(nodeIP)
+	p := newTestProxier(t, k)
+	if d, _ := p.Drifted(context.Background()); d {
+		t.Fatal("drifted before the first sync")
+	}
+	syncSnap(t, p, featureSnapshot(), true)
+	if d, err := p.Drifted(context.Background()); d || err != nil {
+		t.Fatalf("drifted right after a sync: %v %v", d, err)
+	}
+	_ = k.DeleteDummy()
+	if d, _ := p.Drifted(context.Background()); !d {
+		t.Fatal("deleted kube-ipvs0 not noticed")
+	}
+	syncSnap(t, p, featureSnapshot(), false)
+	if !k.dummy || !k.addrs[netip.MustParseAddr("198.19.0.1")] {
+		t.Error("the sync after the drift did not repair kube-ipvs0")
+	}
+}

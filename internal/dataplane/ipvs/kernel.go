@@ -62,6 +62,9 @@ type kernel interface {
 	EnsureJump(fam model.Family, j jump) error
 
 	WriteSysctl(name string, v int) error
+	// Has reports whether a /proc or /sys path exists (what the kernel
+	// has loaded: /proc/net/ip_vs, /sys/module/ip_set).
+	Has(path string) bool
 }
 
 // osKernel is the real kernel of this process's network namespace.
@@ -280,6 +283,11 @@ func (k *osKernel) EnsureJump(fam model.Family, j jump) error {
 	insert := append([]string{"-w", "-t", j.table, "-I", j.chain, "1"}, args...)
 	_, err := k.ex.Run(context.Background(), nil, cmd, insert...)
 	return err
+}
+
+func (k *osKernel) Has(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 func (k *osKernel) WriteSysctl(name string, v int) error {

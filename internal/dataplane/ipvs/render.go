@@ -147,10 +147,9 @@ func (r *renderer) port(sp *model.ServicePort) {
 		for _, a := range r.nodeAddrs {
 			r.server(sp, a, sp.NodePort, external, false)
 		}
-		set := nodePortSet(sp.Protocol, false)
-		r.member(set, fmt.Sprint(sp.NodePort))
+		r.nodePortMember(nodePortSet(sp.Protocol, false), sp)
 		if sp.ExternalPolicyLocal {
-			r.member(nodePortSet(sp.Protocol, true), fmt.Sprint(sp.NodePort))
+			r.nodePortMember(nodePortSet(sp.Protocol, true), sp)
 		}
 	}
 	// Hairpin: a local endpoint reaching itself through the Service is
@@ -160,6 +159,19 @@ func (r *renderer) port(sp *model.ServicePort) {
 			continue
 		}
 		r.member(setLoopBack, fmt.Sprintf("%s,%s:%d,%s", ep.IP, strings.ToLower(string(sp.Protocol)), ep.Port, ep.IP))
+	}
+}
+
+// nodePortMember adds sp's NodePort to a NodePort set: the port (bitmap
+// sets), or for SCTP each node address with it (hash:ip,port, as
+// upstream).
+func (r *renderer) nodePortMember(set string, sp *model.ServicePort) {
+	if sp.Protocol != model.SCTP {
+		r.member(set, fmt.Sprint(sp.NodePort))
+		return
+	}
+	for _, a := range r.nodeAddrs {
+		r.member(set, entry(a, sp.Protocol, sp.NodePort))
 	}
 }
 

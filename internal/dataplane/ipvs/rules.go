@@ -41,7 +41,11 @@ var setSpecs = func() []setSpec {
 		{setIPVSIPs, "hash:ip"},
 	}
 	for _, p := range protocols {
-		out = append(out, setSpec{nodePortSet(p, false), "bitmap:port"}, setSpec{nodePortSet(p, true), "bitmap:port"})
+		typ := "bitmap:port"
+		if p == model.SCTP {
+			typ = "hash:ip,port"
+		}
+		out = append(out, setSpec{nodePortSet(p, false), typ}, setSpec{nodePortSet(p, true), typ})
 	}
 	return out
 }()
@@ -50,11 +54,16 @@ var protocols = []model.Protocol{model.TCP, model.UDP, model.SCTP}
 
 // nodePortSet names the set of a protocol's NodePorts (local: those of
 // Services with the Local external policy, which are not masqueraded).
+// SCTP's are hash:ip,port sets of node address and port, as upstream's.
 func nodePortSet(p model.Protocol, local bool) string {
+	name := "KUBE-NODE-PORT-" + string(p)
 	if local {
-		return "KUBE-NODE-PORT-LOCAL-" + string(p)
+		name = "KUBE-NODE-PORT-LOCAL-" + string(p)
 	}
-	return "KUBE-NODE-PORT-" + string(p)
+	if p == model.SCTP {
+		name += "-HASH"
+	}
+	return name
 }
 
 // familyName is a set's name in family fam: IPv6 sets are KUBE-6-…, cut
@@ -89,7 +98,6 @@ const (
 	chainMarkMasq     = "KUBE-MARK-MASQ"
 	chainForward      = "KUBE-FORWARD"
 	chainIPVSFilter   = "KUBE-IPVS-FILTER"
-	chainFirewall     = "KUBE-PROXY-FIREWALL"
 )
 
 // jump is a rule in a built-in chain that sends packets to one of ours.
@@ -101,17 +109,25 @@ var jumps = []jump{
 	{"nat", "OUTPUT", `-m comment --comment "kubernetes service portals" -j ` + chainServices},
 	{"nat", "POSTROUTING", `-m comment --comment "kubernetes postrouting rules" -j ` + chainPostrouting},
 	{"filter", "INPUT", `-m comment --comment "kubernetes ipvs access filter" -j ` + chainIPVSFilter},
-	{"filter", "INPUT", `-m comment --comment "kube-proxy firewall rules" -j ` + chainFirewall},
 	{"filter", "FORWARD", `-m comment --comment "kubernetes forwarding rules" -j ` + chainForward},
 }
 
 // iptablesRules is the iptables-restore --noflush input of the family: the
 // chains above, each rewritten whole. The Service-specific data is in the
 // sets, so the rules change only with the configuration.
+//
+// Two choices keep upstream's `kube-proxy --cleanup` working after
+// kproxy: marking is `-j MARK` in place, never a jump to KUBE-MARK-MASQ
+// (upstream's iptables cleanup deletes KUBE-MARK-MASQ before its IPVS
+// cleanup deletes the IPVS chains, so a reference from one of them makes
+// it fail), and the source-range drop is in KUBE-IPVS-FILTER, not in
+// KUBE-PROXY-FIREWALL (whose jumps upstream's iptables cleanup removes
+// only in its iptables mode's form).
 func (r *renderer) iptablesRules() string {
 	var b strings.Builder
 	set := func(name string) string { return familyName(name, r.fam) }
 	mark := fmt.Sprintf("%#x", uint32(1)<<uint(r.cfg.MasqueradeBit))
+	masq := "MARK --or-mark " + mark
 	rule := func(chain string, parts ...string) {
 		b.WriteString("-A " + chain)
 		for _, p := range parts {
@@ -131,21 +147,24 @@ func (r *renderer) iptablesRules() string {
 	}
 	if m != "" || r.cfg.MasqueradeAll {
 		rule(chainServices, `-m comment --comment "Kubernetes service cluster ip + port for masquerade purpose"`,
-			"-m set --match-set", set(setClusterIP), "dst,dst", m, "-j", chainMarkMasq)
+			"-m set --match-set", set(setClusterIP), "dst,dst", m, "-j", masq)
 	}
 	rule(chainServices, `-m comment --comment "Kubernetes service external ip + port for masquerade and filter purpose"`,
-		"-m set --match-set", set(setExternalIP), "dst,dst -m set ! --match-set", set(setExternalIPLocal), "dst,dst -j", chainMarkMasq)
+		"-m set --match-set", set(setExternalIP), "dst,dst -m set ! --match-set", set(setExternalIPLocal), "dst,dst -j", masq)
 	rule(chainServices, "-m set --match-set", set(setLoadBalancer), "dst,dst -j", chainLoadBalancer)
 	rule(chainServices, "-m addrtype --dst-type LOCAL -j", chainNodePort)
 	for _, s := range []string{setClusterIP, setLoadBalancer, setExternalIP} {
 		rule(chainServices, "-m set --match-set", set(s), "dst,dst -j ACCEPT")
 	}
 	rule(chainLoadBalancer, "-m set --match-set", set(setLoadBalancerLocal), "dst,dst -j RETURN")
-	rule(chainLoadBalancer, "-j", chainMarkMasq)
+	rule(chainLoadBalancer, "-j", masq)
 	for _, p := range protocols {
-		proto := strings.ToLower(string(p))
-		rule(chainNodePort, "-p", proto, "-m set --match-set", set(nodePortSet(p, true)), "dst -j RETURN")
-		rule(chainNodePort, "-p", proto, "-m set --match-set", set(nodePortSet(p, false)), "dst -j", chainMarkMasq)
+		proto, dst := strings.ToLower(string(p)), "dst"
+		if p == model.SCTP {
+			dst = "dst,dst"
+		}
+		rule(chainNodePort, "-p", proto, "-m set --match-set", set(nodePortSet(p, true)), dst, "-j RETURN")
+		rule(chainNodePort, "-p", proto, "-m set --match-set", set(nodePortSet(p, false)), dst, "-j", masq)
 	}
 	rule(chainPostrouting, `-m comment --comment "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose"`,
 		"-m set --match-set", set(setLoopBack), "dst,dst,src -j MASQUERADE")
@@ -154,18 +173,18 @@ func (r *renderer) iptablesRules() string {
 	rule(chainPostrouting, `-m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully`)
 	rule(chainMarkMasq, "-j MARK --or-mark", mark)
 	b.WriteString("COMMIT\n*filter\n")
-	for _, c := range []string{chainForward, chainIPVSFilter, chainFirewall} {
+	for _, c := range []string{chainForward, chainIPVSFilter} {
 		b.WriteString(":" + c + " - [0:0]\n")
 	}
 	rule(chainForward, "-m conntrack --ctstate INVALID -j DROP")
 	rule(chainForward, `-m comment --comment "kubernetes forwarding rules" -m mark --mark`, mark+"/"+mark, "-j ACCEPT")
 	rule(chainForward, `-m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT`)
+	rule(chainIPVSFilter, "-m set --match-set", set(setLoadBalancerFW), "dst,dst -m set ! --match-set",
+		set(setLoadBalancerSourceCIDR), "dst,dst,src -j DROP")
 	for _, s := range []string{setLoadBalancer, setClusterIP, setExternalIP} {
 		rule(chainIPVSFilter, "-m set --match-set", set(s), "dst,dst -j RETURN")
 	}
 	rule(chainIPVSFilter, "-m conntrack --ctstate NEW -m set --match-set", set(setIPVSIPs), "dst -j REJECT")
-	rule(chainFirewall, "-m set --match-set", set(setLoadBalancerFW), "dst,dst -m set ! --match-set",
-		set(setLoadBalancerSourceCIDR), "dst,dst,src -j DROP")
 	b.WriteString("COMMIT\n")
 	return b.String()
 }

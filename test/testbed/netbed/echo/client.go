@@ -260,3 +260,13 @@ func (k *KeepAlive) exchange(timeout time.Duration) Result {
 
 // Close closes the connection.
 func (k *KeepAlive) Close() error { return k.conn.Close() }
+
+// Reset closes the connection with a TCP reset, so that no side keeps it
+// in TIME_WAIT (IPVS forgets a reset connection in seconds, a closed one
+// only after two minutes).
+func (k *KeepAlive) Reset() error {
+	if tc, ok := k.conn.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	return k.conn.Close()
+}

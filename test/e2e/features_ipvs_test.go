@@ -1,0 +1,187 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kproxy/kproxy/test/testbed/netbed"
+	"github.com/kproxy/kproxy/test/testbed/netbed/echo"
+)
+
+// TestIPVSMode: what only IPVS mode does, with real traffic, on a kernel
+// with IPVS (make e2e-ipvs runs it in the VM; make e2e skips it on this
+// machine's kernel, which has none): the schedulers (default rr exact,
+// sh stable per client, lc toward the idle endpoint, the
+// ipvs.kproxy.io/scheduler annotation, an unknown one reported),
+// graceful termination of a real server with a live connection, and
+// strictARP. kproxy runs on node1 with --ipvs-sync-period 2s, so drained
+// real servers are looked at every 2 s.
+func TestIPVSMode(t *testing.T) {
+	kproxyOnly(t, "kproxy's IPVS mode")
+	if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
+		t.Fatalf("this kernel has no IPVS (/proc/net/ip_vs: %v): run it with make e2e-ipvs", err)
+	}
+	b := newMigBed(t, "e2e-ipvs-mode")
+	b.start(proxySpec{bin: kproxyBinary(t), mode: "ipvs", extra: []string{"--ipvs-sync-period", "2s", "--ipvs-strict-arp"}})
+	b.waitServing(b.pods...)
+	t.Run("Schedulers", func(t *testing.T) { testIPVSSchedulers(t, b) })
+	t.Run("GracefulTermination", func(t *testing.T) { testIPVSGracefulTermination(t, b) })
+	t.Run("StrictARP", func(t *testing.T) {
+		for sysctl, want := range map[string]string{"arp_ignore": "1", "arp_announce": "2"} {
+			out, err := b.node.Run(context.Background(), "cat", "/proc/sys/net/ipv4/conf/all/"+sysctl)
+			if err != nil || strings.TrimSpace(out) != want {
+				t.Errorf("net.ipv4.conf.all.%s = %q (%v), want %s", sysctl, out, err, want)
+			}
+		}
+	})
+}
+
+// ipvsService creates a Service whose endpoints are pods, with the IPVS
+// scheduler annotation when sched is set, and waits until its ClusterIP
+// answers (from node1's first pod; kproxy runs on node1 only).
+func (b *migBed) ipvsService(t *testing.T, name, sched string, pods ...*netbed.Pod) *v1.Service {
+	t.Helper()
+	var ann map[string]string
+	if sched != "" {
+		ann = map[string]string{"ipvs.kproxy.io/scheduler": sched}
+	}
+	svc := b.api.createAnnotatedService(name, v1.ServiceTypeClusterIP, ann)
+	b.api.setEndpoints(name, pods)
+	eventually(t, b.exited, func() error {
+		if r := b.pods[0].Netns.Send(context.Background(), b.tcpTo(svc)); !r.OK() {
+			return fmt.Errorf("%s", r)
+		}
+		return nil
+	}, "Service %s answers", name)
+	return svc
+}
+
+func (b *migBed) tcpTo(svc *v1.Service) echo.Request {
+	return echo.Request{Proto: echo.ProtoTCP, Dst: netip.AddrPortFrom(clusterIP(b.t, svc, false), 80), Timeout: 2 * time.Second}
+}
+
+func testIPVSSchedulers(t *testing.T, b *migBed) {
+	// rr (the default): 8 new connections over 4 endpoints, 2 each.
+	rr := b.ipvsService(t, "sched-rr", "", b.pods...)
+	if got := burst(b.pods[0].Netns, b.tcpTo(rr), 8); len(got.failures) > 0 || len(got.byPod) != 4 || !allEqual(got.byPod, 2) {
+		t.Errorf("rr: 8 connections over 4 endpoints: %s, want 2 each", got)
+	}
+	// sh: one client, always the same endpoint.
+	sh := b.ipvsService(t, "sched-sh", "sh", b.pods...)
+	if got := burst(b.pods[0].Netns, b.tcpTo(sh), 12); len(got.failures) > 0 || len(got.byPod) != 1 {
+		t.Errorf("sh: 12 connections from one client: %s, want one endpoint", got)
+	}
+	// lc: with a connection held open on one endpoint, new ones go to
+	// the other. Clients are node1's pods (kproxy runs on node1 only),
+	// endpoints node2's.
+	two := b.pods[2:4]
+	lc := b.ipvsService(t, "sched-lc", "lc", two...)
+	held, err := echo.DialKeepAlive(b.pods[0].Netns.Do, b.tcpTo(lc).Dst, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	first := held.Exchange()
+	if !first.OK() {
+		t.Fatalf("held connection: %s", first)
+	}
+	got := burst(b.pods[1].Netns, b.tcpTo(lc), 4)
+	if len(got.failures) > 0 || len(got.byPod) != 1 || got.byPod[first.Reply.Pod] != 0 {
+		t.Errorf("lc with a connection held on %s: %s, want every new one elsewhere", first.Reply.Pod, got)
+	}
+	// An unknown scheduler is reported and the default used.
+	bad := b.ipvsService(t, "sched-bad", "bogus", b.pods...)
+	if got := burst(b.pods[0].Netns, b.tcpTo(bad), 8); len(got.failures) > 0 || !allEqual(got.byPod, 2) {
+		t.Errorf("unknown scheduler: %s, want the default (rr)", got)
+	}
+	eventually(t, b.exited, func() error {
+		if log := b.proc.Log(); !strings.Contains(log, "unknown IPVS scheduler") || !strings.Contains(log, "bogus") {
+			return fmt.Errorf("no log line about the unknown scheduler")
+		}
+		return nil
+	}, "the unknown scheduler reported")
+}
+
+func allEqual(m map[string]int, n int) bool {
+	for _, v := range m {
+		if v != n {
+			return false
+		}
+	}
+	return len(m) > 0
+}
+
+// testIPVSGracefulTermination: an endpoint removed while a connection to
+// it is open keeps serving that connection (weight 0: no new ones), and
+// its real server goes once the connection is gone.
+func testIPVSGracefulTermination(t *testing.T, b *migBed) {
+	two := b.pods[2:4]
+	svc := b.ipvsService(t, "drain", "", two...)
+	ka, err := echo.DialKeepAlive(b.pods[0].Netns.Do, b.tcpTo(svc).Dst, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ka.Close()
+	first := ka.Exchange()
+	if !first.OK() {
+		t.Fatalf("keep-alive connection: %s", first)
+	}
+	var gone, stays *netbed.Pod
+	for _, p := range two {
+		if p.PodName == first.Reply.Pod {
+			gone = p
+		} else {
+			stays = p
+		}
+	}
+	b.api.setEndpoints(svc.Name, []*netbed.Pod{stays})
+	waitForPods(t, b.exited, b.pods[0].Netns, b.tcpTo(svc), stays)
+	realServer := netip.AddrPortFrom(podIP(gone, families[0]), echoPort)
+	if w, ok := b.ipvsWeight(t, realServer); !ok || w != 0 {
+		t.Errorf("removed endpoint with a live connection: real server present %v, weight %d; want weight 0", ok, w)
+	}
+	for i := 0; i < 10; i++ {
+		if r := ka.Exchange(); !r.OK() || r.Reply.Pod != gone.PodName {
+			t.Fatalf("exchange %d on the draining connection: %s", i, r)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := ka.Reset(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, b.exited, func() error {
+		if _, ok := b.ipvsWeight(t, realServer); ok {
+			return fmt.Errorf("real server %s is still there", realServer)
+		}
+		return nil
+	}, "the drained real server deleted")
+}
+
+// ipvsWeight reads node1's /proc/net/ip_vs: the weight of real server a
+// (in any virtual server), and whether it is there.
+func (b *migBed) ipvsWeight(t *testing.T, a netip.AddrPort) (int, bool) {
+	t.Helper()
+	out, err := b.node.Run(context.Background(), "cat", "/proc/net/ip_vs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.ToUpper(fmt.Sprintf("%x:%04X", a.Addr().As4(), a.Port()))
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 4 && f[0] == "->" && f[1] == want {
+			var w int
+			fmt.Sscan(f[3], &w)
+			return w, true
+		}
+	}
+	return 0, false
+}
