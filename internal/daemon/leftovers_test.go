@@ -82,7 +82,6 @@ func TestLeftoversRemovedAfterFirstSync(t *testing.T) {
 	}
 }
 
-
 func TestFirewallRemoval(t *testing.T) {
 	saved := `*filter
 :INPUT ACCEPT [0:0]

@@ -365,10 +365,47 @@ func duplicateRules(save string) []string {
 func (b *migBed) rulesMentioning(addr netip.Addr) []string {
 	b.t.Helper()
 	var out []string
-	lines := append(strings.Split(b.iptablesSave(), "\n"), b.nftGraph().liveText()...)
+	lines := append(liveIPTablesRules(b.iptablesSave()), b.nftGraph().liveText()...)
 	for _, l := range append(lines, b.ipvsRealServers()...) {
 		if containsAddr(l, addr) {
 			out = append(out, strings.TrimSpace(l))
+		}
+	}
+	return out
+}
+
+// liveIPTablesRules returns the rules of an iptables-save output that can
+// affect a packet: those of the built-in chains and of every chain a
+// reachable rule jumps or goes to, per table. Chains nothing reaches (an
+// iptables mode's, left by upstream's ipvs mode) are inert.
+func liveIPTablesRules(save string) []string {
+	var out []string
+	for _, sec := range strings.Split(save, "\n*")[0:] {
+		rules := map[string][]string{}
+		for _, l := range strings.Split(sec, "\n") {
+			if f := strings.Fields(l); len(f) > 2 && f[0] == "-A" {
+				rules[f[1]] = append(rules[f[1]], l)
+			}
+		}
+		seen := map[string]bool{}
+		var visit func(chain string)
+		visit = func(chain string) {
+			if seen[chain] {
+				return
+			}
+			seen[chain] = true
+			for _, l := range rules[chain] {
+				out = append(out, l)
+				f := strings.Fields(l)
+				for i := 0; i+1 < len(f); i++ {
+					if f[i] == "-j" || f[i] == "-g" {
+						visit(f[i+1])
+					}
+				}
+			}
+		}
+		for _, c := range []string{"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"} {
+			visit(c)
 		}
 	}
 	return out

@@ -34,7 +34,13 @@ cache=${KPROXY_CACHE:-$HOME/.cache/kproxy}/vm
 mkdir -p "$cache"
 
 # --- the kernel ---------------------------------------------------------------
-pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}' || true)
+kernel_pkg() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}' || true; }
+pkg=$(kernel_pkg)
+if [ -z "$pkg" ] && [ "$(id -u)" = 0 ] && ! ls "$cache" 2>/dev/null | grep -q '^linux-image-'; then
+  log "no package lists: apt-get update"
+  apt-get update -qq >/dev/null 2>&1 || true
+  pkg=$(kernel_pkg)
+fi
 if [ -z "$pkg" ]; then
   # No package lists (offline): the newest kernel already cached.
   pkg=$(ls "$cache" 2>/dev/null | grep '^linux-image-' | sort -V | tail -n 1 || true)
@@ -91,11 +97,15 @@ trap 'rm -rf "$out"' EXIT
     [ -n "${!v+x}" ] && printf 'export %s=%q\n' "$v" "${!v}"
   done
   printf 'cd %q\n' "$PWD"
-  printf '%q ' "$@"; echo
+  # The output goes to the writable share, not the serial console (115200
+  # baud: a verbose test run would be throttled and cut).
+  printf '%q ' "$@"; echo '> /vmout/output 2>&1'
   echo 'echo $? > /vmout/rc'
 } > "$out/cmd.sh"
+: > "$out/output"
 
 log "booting $kver (TCG, $cpus CPUs, $mem MiB) to run: $*"
+log "the command's output: $out/output (printed when it ends)"
 rc=0
 timeout --kill-after=10 "$timeout" qemu-system-x86_64 -accel tcg -smp "$cpus" -m "$mem" \
   -nographic -no-reboot -nic none -serial mon:stdio -display none \
@@ -103,12 +113,16 @@ timeout --kill-after=10 "$timeout" qemu-system-x86_64 -accel tcg -smp "$cpus" -m
   -append "console=ttyS0 quiet panic=-1 kver=$kver kmods=$moddir" \
   -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
   -virtfs local,path="$out",mount_tag=vmout,security_model=none \
-  </dev/null || rc=$?
+  </dev/null >"$out/console" 2>&1 || rc=$?
+cat "$out/output"
 if [ "$rc" -ne 0 ]; then
+  log "qemu's console:"
+  tail -n 30 "$out/console" >&2
   log "qemu exited with $rc"
 fi
 if [ ! -f "$out/rc" ]; then
-  log "the command did not finish (no exit status from the guest)"
+  log "the command did not finish (no exit status from the guest); console:"
+  tail -n 30 "$out/console" >&2
   exit 1
 fi
 exit "$(cat "$out/rc")"

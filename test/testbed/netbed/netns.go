@@ -23,8 +23,15 @@ type Netns struct {
 	bed  *Bed
 }
 
-// cmdTimeout bounds every helper command (ip, sysctl, nft, ...).
-const cmdTimeout = 30 * time.Second
+// cmdTimeout bounds every helper command (ip, sysctl, nft, ...). In the
+// IPVS VM (test/vm, KPROXY_VM set) every program runs under emulation,
+// ~30 times slower to start: four times the bound.
+var cmdTimeout = func() time.Duration {
+	if os.Getenv("KPROXY_VM") != "" {
+		return 2 * time.Minute
+	}
+	return 30 * time.Second
+}()
 
 // Run runs argv inside the namespace (through `ip netns exec`) and returns
 // its combined output. A non-zero exit is an error that includes the output.
