@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -258,23 +259,13 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 		return errors.Join(errs...)
 	}
 	if sets, err := p.k.SetMembers(); err == nil {
-		for _, name := range slices.Sorted(mapKeys(sets)) {
+		for _, name := range slices.Sorted(maps.Keys(sets)) {
 			if err := p.k.IPSetRestore("destroy " + name + "\n"); err != nil {
 				klog.FromContext(ctx).V(2).Info("Could not destroy ip set", "set", name, "err", err)
 			}
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func mapKeys[V any](m map[string]V) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 // excluded reports whether addr is in excludeCIDRs.
@@ -318,13 +309,7 @@ func dryRunText(d *desired) string {
 		}
 	}
 	fmt.Fprintf(&b, "# %s: %s addresses\n", d.fam, DummyDevice)
-	for _, a := range slices.SortedFunc(func(yield func(netip.Addr) bool) {
-		for a := range d.bound {
-			if !yield(a) {
-				return
-			}
-		}
-	}, netip.Addr.Compare) {
+	for _, a := range slices.SortedFunc(maps.Keys(d.bound), netip.Addr.Compare) {
 		b.WriteString(a.String() + "\n")
 	}
 	fmt.Fprintf(&b, "# %s: ip sets (ipset restore)\n", d.fam)
