@@ -2,7 +2,7 @@
 # Runs one command on Debian's stock kernel (which has IPVS, SCTP and dummy
 # interfaces; this machine's has none of them) under qemu, with the host's
 # root filesystem as the guest's: a read-only 9p view of / under a tmpfs
-# overlay, fresh tmpfs on /tmp and /run, the kernel's modules bind-mounted
+# overlay (writes stay in the guest), fresh tmpfs on /run, the kernel's modules bind-mounted
 # at /lib/modules/$KVER and busybox standing in for modprobe. The host's
 # binaries (iptables, ipset, nft, etcd, kube-apiserver, test binaries) run
 # in the guest unchanged. The command's output goes to the console, which
