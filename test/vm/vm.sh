@@ -2,11 +2,12 @@
 # Runs one command on Debian's stock kernel (which has IPVS, SCTP and dummy
 # interfaces; this machine's has none of them) under qemu, with the host's
 # root filesystem as the guest's: a read-only 9p view of / under a tmpfs
-# overlay (writes stay in the guest), fresh tmpfs on /run, the kernel's modules bind-mounted
-# at /lib/modules/$KVER and busybox standing in for modprobe. The host's
-# binaries (iptables, ipset, nft, etcd, kube-apiserver, test binaries) run
-# in the guest unchanged. The command's output goes to the console, which
-# this script prints; it exits with the command's status.
+# overlay (writes stay in the guest), a fresh tmpfs on /run, the kernel's
+# modules bind-mounted at /lib/modules/$KVER and busybox standing in for
+# modprobe. The host's binaries (iptables, ipset, nft, etcd, kube-apiserver,
+# test binaries) run in the guest unchanged. The command's output goes to a
+# writable 9p share and is printed when it ends; the script exits with the
+# command's status.
 #
 #   test/vm/vm.sh [-m MiB] [-c CPUS] [-t SECONDS] [-e VAR]... -- command [args]
 #
