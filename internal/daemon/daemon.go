@@ -41,11 +41,11 @@ var ownMemoryLimit = os.Getenv("GOMEMLIMIT") == ""
 // reach twice that peak. Afterwards the soft limit governs. Measured at 10k
 // Services x 10 (make bench-scale, nftables): GOGC=100 peak RSS 268 MiB,
 // cold start 3.3 s, 3.7 CPU-s; 50: 233 MiB, 3.3 s, 4.4 CPU-s; 25: 211
-// MiB, 3.7 s, 4.6 CPU-s. Again with streamed lists (session 4, one run
+// MiB, 3.7 s, 4.6 CPU-s. Again with streamed lists (3b942dc, one run
 // each): 100: 283 MiB, 3.3 s; 50: 232 MiB, 2.6 s. In this VM a freshly
 // touched 4 KiB page costs ~10-30 us (faults), so the extra heap of a
 // higher GOGC costs time as well as memory; a forced GC before the first
-// sync did not help either (3.4 s, same peak). Session 8, with less live
+// sync did not help either (3.4 s, same peak). At 56e9363, with less live
 // heap (10k: ~87 MB at the sync's last collection), batches of three
 // cold-start-only runs: 50: peak 147 (145-149) MiB, 1.95 s; 40: 144
 // (142-144) MiB, 1.68 s.

@@ -22,7 +22,7 @@ import (
 // what a fresh table would hold. testdata/previous-layout.nft has
 // exact-key endpoints maps, verdict maps for frontends without endpoints
 // and policy chains named by endpoint count; testdata/32-maps-layout.nft
-// (the features golden of session 9) has 32 TCP endpoint-ranges maps,
+// (the features golden of eaae972) has 32 TCP endpoint-ranges maps,
 // whose chains mostly hash to other maps now.
 func TestPrivilegedUpgradeFromPreviousLayout(t *testing.T) {
 	for _, tc := range []struct{ file, keptUntilUnused string }{
