@@ -97,7 +97,7 @@ func (p params) check() []string {
 		errs = append(errs, fmt.Sprintf("BENCH_AFFINITY=%d: want 10 (every tenth Service) or 0", p.affinity))
 	}
 	for _, m := range p.modes {
-		if m != "nftables" && m != "iptables" {
+		if m != "nftables" && m != "iptables" && m != "ipvs" {
 			errs = append(errs, fmt.Sprintf("BENCH_MODE: unknown mode %q", m))
 		}
 	}

@@ -146,3 +146,25 @@ func TestRecordLatencies(t *testing.T) {
 		t.Error("recordLatencies reordered its input")
 	}
 }
+
+func TestPureProcIPVSVirtualAddrs(t *testing.T) {
+	dump := `IP Virtual Server version 1.2.1 (size=4096)
+Prot LocalAddress:Port Scheduler Flags
+  -> RemoteAddress:Port Forward Weight ActiveConn InActConn
+TCP  C6128205:0050 rr
+  -> C6120A0A:1F90      Masq    1      0          0
+UDP  C6128206:0035 rr persistent 10800
+SCTP C6128207:0050 sh
+TCP  [fd00:0000:0000:0000:0000:0000:0000:0001]:0050 rr
+`
+	got := procIPVSVirtualAddrs(dump)
+	want := []string{"198.18.130.5", "198.18.130.6", "198.18.130.7"}
+	if len(got) != len(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for _, w := range want {
+		if !got[netip.MustParseAddr(w)] {
+			t.Errorf("%s missing from %v", w, got)
+		}
+	}
+}

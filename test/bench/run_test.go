@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -146,10 +147,23 @@ func tail(s string, lines int) string {
 
 // kernelServiceIPs returns which of want appear in the proxy's dispatch
 // state in the kernel: the service-ips map and the set (kproxy) or map
-// (upstream) of Services without endpoints (nftables), or every iptables
-// table.
+// (upstream) of Services without endpoints (nftables), every iptables
+// table, or IPVS's virtual servers.
 func (r *runBed) kernelServiceIPs(ctx context.Context, c config, want map[netip.Addr]bool) (int, error) {
 	var dumps []string
+	if c.mode == "ipvs" {
+		out, err := r.node.Run(ctx, "cat", "/proc/net/ip_vs")
+		if err != nil {
+			return 0, err
+		}
+		n := 0
+		for a := range procIPVSVirtualAddrs(out) {
+			if want[a] {
+				n++
+			}
+		}
+		return n, nil
+	}
 	if c.mode == "iptables" {
 		out, err := r.node.Run(ctx, "iptables-save")
 		if err != nil {
@@ -238,4 +252,27 @@ func (r *runBed) captureProfile(t *testing.T, path, what string) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Logf("bench: no profile %s from %s", what, url)
+}
+
+// procIPVSVirtualAddrs returns the IPv4 addresses of the virtual servers in
+// a /proc/net/ip_vs dump ("TCP  C6128205:0050 rr" lines; the address is
+// hex in network order).
+func procIPVSVirtualAddrs(dump string) map[netip.Addr]bool {
+	out := map[netip.Addr]bool{}
+	for _, l := range strings.Split(dump, "\n") {
+		f := strings.Fields(l)
+		if len(f) < 2 || (f[0] != "TCP" && f[0] != "UDP" && f[0] != "SCTP") {
+			continue
+		}
+		hexAddr, _, ok := strings.Cut(f[1], ":")
+		if !ok || len(hexAddr) != 8 {
+			continue
+		}
+		v, err := strconv.ParseUint(hexAddr, 16, 32)
+		if err != nil {
+			continue
+		}
+		out[netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})] = true
+	}
+	return out
 }

@@ -49,7 +49,14 @@ func iptablesTool(t *testing.T, node *netbed.Node, f family) string {
 // node itself; kproxy has set route_localnet=1 and installed the rule that
 // drops localnet packets from other hosts (CVE-2020-8558), jumped to from
 // INPUT.
+//
+// In IPVS mode (as upstream's) no NodePort is served on a loopback address:
+// the node's own address answers, 127.0.0.1 (and ::1) refuse.
 func testLocalhostNodePort(t *testing.T, b *fbed, f family) {
+	if b.mode == "ipvs" {
+		testNoLocalhostNodePortIPVS(t, b, f)
+		return
+	}
 	iptablesOnly(t, b)
 	if f.v6 {
 		t.Skip("NodePorts on localhost are IPv4 only, as upstream's iptables.localhostNodePorts")
@@ -164,4 +171,17 @@ func teardownLegacy(t *testing.T, b *fbed) {
 		}
 	}
 	b.restartKproxys(t)
+}
+
+// testNoLocalhostNodePortIPVS: IPVS mode serves a NodePort on the node's
+// address and never on loopback.
+func testNoLocalhostNodePortIPVS(t *testing.T, b *fbed, f family) {
+	svc := b.applyService(t, svcName("localnp", f), v1.ServiceTypeNodePort)
+	b.setSlices(t, svc.Name, nil, readyEPs(b.pods...))
+	node := b.node(0)
+	np := nodePort(t, svc, "tcp")
+	got := waitForPods(t, b.exited, node.Netns, req(echo.ProtoTCP, nodeAddr(node, f), np), b.pods...)
+	t.Logf("tcp %s -> its own address:%d: %s", node.Spec.Name, np, got)
+	lo := pick(f, netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback())
+	b.expectRefused(t, node.Netns, req(echo.ProtoTCP, lo, np), f)
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,10 +21,11 @@ import (
 // TestIPVSMode: what only IPVS mode does, with real traffic, on a kernel
 // with IPVS (make e2e-ipvs runs it in the VM; make e2e skips it on this
 // machine's kernel, which has none): the schedulers (default rr exact,
-// sh stable per client, lc toward the idle endpoint, the
+// sh stable per client, lc toward the idle endpoint, wrr by weight, the
 // ipvs.kproxy.io/scheduler annotation, an unknown one reported),
 // graceful termination of a real server with a live connection (weight
-// 0, the connection served), and strictARP. kproxy runs on node1 with --ipvs-sync-period 2s, so drained
+// 0, the connection served, the real server deleted once it closed), and
+// strictARP. kproxy runs on node1 with --ipvs-sync-period 2s, so drained
 // real servers are looked at every 2 s.
 func TestIPVSMode(t *testing.T) {
 	kproxyOnly(t, "kproxy's IPVS mode")
@@ -121,12 +123,15 @@ func allEqual(m map[string]int, n int) bool {
 }
 
 // testIPVSGracefulTermination: an endpoint removed while a connection to
-// it is open keeps serving that connection, at weight 0 (new connections
-// go to the other endpoint).
+// it is open keeps serving that connection at weight 0, and the Service's
+// wrr scheduler sends new connections by weight: exactly half to each of
+// the two endpoints at weight 1, none to the draining one. Once the client
+// resets the connection (IPVS then forgets it within its 10 s CLOSE
+// timeout) the real server is deleted.
 func testIPVSGracefulTermination(t *testing.T, b *migBed) {
-	stays, gone := b.pods[2], b.pods[3]
-	svc := b.ipvsService(t, "drain", "", stays)
-	b.api.setEndpoints(svc.Name, []*netbed.Pod{stays, gone})
+	stays, gone := b.pods[1:3], b.pods[3]
+	svc := b.ipvsService(t, "drain", "wrr", stays...)
+	b.api.setEndpoints(svc.Name, append(slices.Clone(stays), gone))
 	var ka *echo.KeepAlive
 	eventually(t, b.exited, func() error {
 		c, err := echo.DialKeepAlive(b.pods[0].Netns.Do, b.tcpTo(svc).Dst, 2*time.Second)
@@ -141,11 +146,20 @@ func testIPVSGracefulTermination(t *testing.T, b *migBed) {
 		return nil
 	}, "a connection to %s", gone.PodName)
 	defer ka.Close()
-	b.api.setEndpoints(svc.Name, []*netbed.Pod{stays})
-	waitForPods(t, b.exited, b.pods[0].Netns, b.tcpTo(svc), stays)
+	b.api.setEndpoints(svc.Name, stays)
+	// No new connection until the real server is at weight 0: one that
+	// reached it and closed normally would keep it in the kernel for
+	// IPVS's TIME_WAIT (2 min).
 	realServer := netip.AddrPortFrom(podIP(gone, families[0]), echoPort)
-	if w, ok := b.ipvsWeight(t, b.tcpTo(svc).Dst.Addr(), realServer); !ok || w != 0 {
-		t.Errorf("removed endpoint with a live connection: real server present %v, weight %d; want weight 0", ok, w)
+	eventually(t, b.exited, func() error {
+		if w, ok := b.ipvsWeight(t, b.tcpTo(svc).Dst.Addr(), realServer); !ok || w != 0 {
+			return fmt.Errorf("removed endpoint with a live connection: real server present %v, weight %d; want weight 0", ok, w)
+		}
+		return nil
+	}, "the removed endpoint at weight 0")
+	if got := burst(b.pods[0].Netns, b.tcpTo(svc), 8); len(got.failures) > 0 || len(got.byPod) != 2 || !allEqual(got.byPod, 4) {
+		t.Errorf("wrr with weights 1, 1, 0 (draining): 8 connections: %s, want 4 on each of %s and %s",
+			got, stays[0].PodName, stays[1].PodName)
 	}
 	for i := 0; i < 10; i++ {
 		if r := ka.Exchange(); !r.OK() || r.Reply.Pod != gone.PodName {
@@ -153,9 +167,16 @@ func testIPVSGracefulTermination(t *testing.T, b *migBed) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	// That the real server goes once it has no connection left is
-	// TestGracefulTermination's (unit, fake kernel): here the kernel kept
-	// counting a connection for longer than this test can wait.
+	if err := ka.Reset(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, b.exited, func() error {
+		if w, ok := b.ipvsWeight(t, b.tcpTo(svc).Dst.Addr(), realServer); ok {
+			conns, _ := b.node.Run(context.Background(), "grep", "-c", fmt.Sprintf("%X", podIP(gone, families[0]).AsSlice()), "/proc/net/ip_vs_conn")
+			return fmt.Errorf("real server %s still there (weight %d, %s IPVS connections)", realServer, w, strings.TrimSpace(conns))
+		}
+		return nil
+	}, "the drained real server deleted")
 }
 
 // ipvsWeight reads node1's /proc/net/ip_vs: the weight of real server a in
@@ -169,9 +190,9 @@ func (b *migBed) ipvsWeight(t *testing.T, vip netip.Addr, a netip.AddrPort) (int
 	in := false
 	for _, l := range strings.Split(out, "\n") {
 		f := strings.Fields(l)
-		if len(f) >= 2 && f[0] == "TCP" {
+		if len(f) >= 2 && (f[0] == "TCP" || f[0] == "UDP" || f[0] == "SCTP") {
 			ap, ok := parseProcIPVS(f[1])
-			in = ok && ap == netip.AddrPortFrom(vip, 80)
+			in = ok && f[0] == "TCP" && ap == netip.AddrPortFrom(vip, 80)
 			continue
 		}
 		if len(f) >= 4 && f[0] == "->" && in {

@@ -63,6 +63,7 @@ var featureCases = []fcase{
 	{"LoadBalancerIPModeProxy", testLoadBalancerIPModeProxy},
 	{"LoadBalancerSourceRanges", testLoadBalancerSourceRanges},
 	{"ExternalIPs", testExternalIPs},
+	{"SCTP", testSCTP}, // features_sctp_test.go (in the VM: the host has no SCTP)
 	// features_policy_test.go
 	{"SessionAffinityClientIP", testSessionAffinity},
 	{"ExternalTrafficPolicyLocal", testExternalTrafficPolicyLocal},

@@ -9,14 +9,18 @@
 # writable 9p share and is printed when it ends; the script exits with the
 # command's status.
 #
-#   test/vm/vm.sh [-m MiB] [-c CPUS] [-t SECONDS] [-e VAR]... -- command [args]
+#   test/vm/vm.sh [-m MiB] [-c CPUS] [-t SECONDS] [-e VAR]... [-k DIR] -- command [args]
+#
+# -k DIR: the guest sees a copy of DIR at $VM_KEEP (writable), and what it
+# leaves there is copied back into DIR when the command ends (results of a
+# benchmark run in the guest, for example).
 #
 # The kernel package (apt-get download linux-image-amd64's dependency) is
 # fetched once into ${KPROXY_CACHE:-$HOME/.cache/kproxy}/vm. KVM does not
 # boot a stock kernel on these machines: qemu runs with TCG.
 set -euo pipefail
 
-mem=6144 cpus=2 timeout=1800
+mem=6144 cpus=2 timeout=1800 keep=
 passenv=(CI)
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -24,6 +28,7 @@ while [ $# -gt 0 ]; do
     -c) cpus=$2; shift 2 ;;
     -t) timeout=$2; shift 2 ;;
     -e) passenv+=("$2"); shift 2 ;;
+    -k) keep=$2; shift 2 ;;
     --) shift; break ;;
     *) echo "vm.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -94,6 +99,7 @@ trap 'rm -rf "$out"' EXIT
 {
   echo "export PATH=/run/vmbin:$PATH"
   echo "export HOME=$HOME KPROXY_VM=1"
+  [ -z "$keep" ] || echo "export VM_KEEP=/vmout/keep"
   for v in "${passenv[@]}"; do
     [ -n "${!v+x}" ] && printf 'export %s=%q\n' "$v" "${!v}"
   done
@@ -104,6 +110,10 @@ trap 'rm -rf "$out"' EXIT
   echo 'echo $? > /vmout/rc'
 } > "$out/cmd.sh"
 : > "$out/output"
+if [ -n "$keep" ]; then
+  mkdir -p "$out/keep" "$keep"
+  cp -a "$keep/." "$out/keep/"
+fi
 
 log "booting $kver (TCG, $cpus CPUs, $mem MiB) to run: $*"
 log "the command's output: $out/output (printed when it ends)"
@@ -116,6 +126,7 @@ timeout --kill-after=10 "$timeout" qemu-system-x86_64 -accel tcg -smp "$cpus" -m
   -virtfs local,path="$out",mount_tag=vmout,security_model=none \
   </dev/null >"$out/console" 2>&1 || rc=$?
 cat "$out/output"
+[ -z "$keep" ] || cp -a "$out/keep/." "$keep/"
 if [ "$rc" -ne 0 ]; then
   log "qemu's console:"
   tail -n 30 "$out/console" >&2

@@ -78,7 +78,8 @@ func render(cfg dataplane.Config, fs *model.FamilySnapshot, node model.NodeInfo,
 }
 
 // nodePortAddrs filters the node's addresses by nodePortAddresses (all of
-// them when unset), dropping loopback and link-local ones.
+// them when unset), dropping loopback and IPv6 link-local ones, as
+// upstream's IPVS mode does: a NodePort on 127.0.0.1 is never served.
 func nodePortAddrs(cfg dataplane.Config, fam model.Family, addrs []netip.Addr) []netip.Addr {
 	var cidrs []netip.Prefix
 	for _, s := range cfg.NodePortAddresses {
@@ -89,7 +90,7 @@ func nodePortAddrs(cfg dataplane.Config, fam model.Family, addrs []netip.Addr) [
 	var out []netip.Addr
 	for _, a := range addrs {
 		a = a.Unmap()
-		if model.FamilyOf(a) != fam || a.IsLoopback() || a.IsLinkLocalUnicast() {
+		if model.FamilyOf(a) != fam || a.IsLoopback() || (a.Is6() && a.IsLinkLocalUnicast()) {
 			continue
 		}
 		if len(cfg.NodePortAddresses) > 0 && !slices.ContainsFunc(cidrs, func(p netip.Prefix) bool { return p.Contains(a) }) {

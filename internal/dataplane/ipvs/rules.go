@@ -141,6 +141,13 @@ func (r *renderer) iptablesRules() string {
 	for _, c := range []string{chainServices, chainPostrouting, chainNodePort, chainLoadBalancer, chainMarkMasq} {
 		b.WriteString(":" + c + " - [0:0]\n")
 	}
+	// Connections from the node to localhost never reach a Service: IPVS
+	// mode has no NodePorts on loopback addresses (as upstream's).
+	lo := "127.0.0.0/8"
+	if r.fam == model.IPv6 {
+		lo = "::1/128"
+	}
+	rule(chainServices, "-s", lo, "-j RETURN")
 	m := r.notLocal()
 	if r.cfg.MasqueradeAll {
 		m = ""

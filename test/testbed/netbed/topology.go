@@ -190,6 +190,17 @@ func (b *Bed) upNode(ctx context.Context, i int, spec NodeSpec) error {
 	if err := b.attach(ctx, ns, "vn"+strconv.Itoa(i), spec.IP4, spec.IP6); err != nil {
 		return err
 	}
+	// The supernet is on-link on the node network (routeNode), so a node
+	// ARPs for every address in it, ClusterIPs included, where a real node
+	// sends them to its router. A node answers ARP only for the addresses
+	// of its uplink: otherwise a node whose kube-ipvs0 holds a ClusterIP
+	// (IPVS mode) answered for it and took its neighbours' flows to
+	// ClusterIPs they had not programmed yet (with stale conntrack
+	// entries on both nodes after that). kproxy's strictARP sets the same
+	// for all interfaces, which TestIPVSMode checks in conf/all.
+	if err := ns.Sysctl("net.ipv4.conf."+uplink+".arp_ignore", "1"); err != nil {
+		return err
+	}
 	return runIP(ctx, [][]string{
 		{"-n", ns.Name, "link", "add", podBridge, "type", "bridge"},
 		{"-n", ns.Name, "addr", "add", prefixOf(n.Gateway4, spec.PodCIDR4), "dev", podBridge},
