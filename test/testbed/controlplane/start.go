@@ -87,6 +87,8 @@ func (cp *ControlPlane) startAPIServer(etcdURL string) error {
 		"--cert-dir="+filepath.Join(cp.Dir, "certs"),
 		"--token-auth-file="+cp.path("tokens.csv"),
 		"--authorization-mode=RBAC",
+		// As kubeadm sets it: kube-proxy's DaemonSet (and deploy/) is privileged.
+		"--allow-privileged=true",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file="+cp.path("sa.key"),
 		"--service-account-signing-key-file="+cp.path("sa.key"),
