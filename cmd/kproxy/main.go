@@ -35,7 +35,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cmd.SetOut(stdout)
 	cmd.SetErr(stderr)
 	if err := cmd.Execute(); err != nil {
-		printError(stderr, err)
+		if !errors.Is(err, daemon.ErrNotProxied) { // explain wrote the answer
+			printError(stderr, err)
+		}
 		return 1
 	}
 	return 0
@@ -72,6 +74,7 @@ nftables, iptables or IPVS.`,
 	fs.Var(&version, "version", "--version, --version=raw prints version information and quits; --version=vX.Y.Z... sets the reported version")
 	fs.Lookup("version").NoOptDefVal = string(versionOn)
 	_ = cmd.MarkFlagFilename("config", "yaml", "yml", "json")
+	cmd.AddCommand(newExplainCommand(stdout))
 	return cmd
 }
 

@@ -7,6 +7,9 @@ import (
 	"testing"
 )
 
+// explainArgs explain the demo's objects (examples/demo.yaml) on its node.
+var explainArgs = []string{"explain", "--source-file", "../../examples/demo.yaml", "--node", "demo-node", "--proxy-mode", "nftables"}
+
 func TestRun(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.yaml")
@@ -33,6 +36,16 @@ func TestRun(t *testing.T) {
 		{name: "missing config", args: []string{"--config=" + filepath.Join(dir, "none.yaml")}, code: 1, stderr: []string{"none.yaml"}},
 		{name: "argument", args: []string{"extra"}, code: 1, stderr: []string{"does not take any arguments"}},
 		{name: "bad flag shows usage", args: []string{"--bind-address=x"}, code: 1, stderr: []string{"not a valid IP address", "Usage:"}},
+		{name: "explain", args: append(explainArgs, "--from", "198.18.0.100", "--to", "198.18.128.10:80"),
+			stdout: []string{"service:    demo/echo:tcp (ClusterIP)", "FORWARD", "198.18.17.12:8080", "33.3%"}},
+		{name: "explain json", args: append(explainArgs, "--from", "fd00:0:0:101::a", "--to", "[fd00:0:0:ffff::10]:80/udp", "-o", "json"),
+			stdout: []string{`"verdict": "forward"`, `"service": "demo/echo:udp"`}},
+		{name: "explain no service", args: append(explainArgs, "--from", "198.18.0.100", "--to", "198.18.99.1:80"), code: 1,
+			stdout: []string{"NOT-PROXIED: no Service has 198.18.99.1:80/tcp"}},
+		{name: "explain unknown node", args: []string{"explain", "--source-file", "../../examples/demo.yaml", "--node", "nope",
+			"--from", "198.18.0.100", "--to", "198.18.128.10:80"}, code: 1, stderr: []string{`node "nope" does not exist`}},
+		{name: "explain bad port", args: append(explainArgs, "--from", "198.18.0.100", "--to", "198.18.128.10:99999"), code: 1, stderr: []string{"--to"}},
+		{name: "explain needs from", args: append(explainArgs, "--to", "198.18.128.10:80"), code: 1, stderr: []string{"needs --from"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -23,6 +23,7 @@ func testProtocolsOnOnePort(t *testing.T, b *fbed, f family) {
 	for _, proto := range []string{echo.ProtoTCP, echo.ProtoUDP, echo.ProtoHTTP} {
 		got := waitForPods(t, b.exited, b.pods[0].Netns, req(proto, vip, 80), want...)
 		t.Logf("%s from pod %s to %s:80: %s", proto, b.pods[0].PodName, vip, got)
+		b.explainAgrees(t, b.node(0), podIP(b.pods[0], f), req(proto, vip, 80), got)
 		got = waitForPods(t, b.exited, b.node(0).Netns, req(proto, vip, 80), want...)
 		t.Logf("%s from node1 to %s:80: %s", proto, vip, got)
 	}

@@ -11,6 +11,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/kproxy/kproxy/internal/explain"
 	"github.com/kproxy/kproxy/test/testbed/netbed"
 	"github.com/kproxy/kproxy/test/testbed/netbed/echo"
 )
@@ -119,9 +120,11 @@ func testLoadBalancerSourceRanges(t *testing.T, b *fbed, f family) {
 	routeVia(t, b.bed.Client(), lb, b.node(0), f)
 	got := waitForPods(t, b.exited, b.bed.Client(), req(echo.ProtoTCP, lb, 80), b.pods...)
 	t.Logf("tcp from %s (in range) -> %s:80: %s", b.clientAddr(f), lb, got)
+	b.explainAgrees(t, b.node(0), b.clientAddr(f), req(echo.ProtoTCP, lb, 80), got)
 	out := req(echo.ProtoTCP, lb, 80)
 	out.Src = netip.AddrPortFrom(client2Addr(f), 0)
 	b.expectDropped(t, b.bed.Client(), out, f)
+	b.explainSays(t, b.node(0), client2Addr(f), out, explain.Drop)
 	// The range check is on new connections only; in-range keeps working.
 	if r := b.bed.Client().Send(context.Background(), req(echo.ProtoTCP, lb, 80)); !r.OK() {
 		t.Errorf("in-range client after the out-of-range one: %s\n%s", r, redirectState(b.bed.Client(), b.node(0), b.clientAddr(f), lb))

@@ -12,6 +12,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/kproxy/kproxy/internal/explain"
 	"github.com/kproxy/kproxy/test/testbed/netbed"
 	"github.com/kproxy/kproxy/test/testbed/netbed/echo"
 )
@@ -51,18 +52,35 @@ func testStaleConntrackUDP(t *testing.T, b *fbed, f family) {
 	from := b.pods[0]
 	r := req(echo.ProtoUDP, clusterIP(t, svc, f.v6), 80)
 	r.Src = netip.AddrPortFrom(netip.Addr{}, srcPort(f, 40100))
-	got := waitForPods(t, b.exited, from.Netns, r, old)
-	t.Logf("udp %s:%d -> %s: %s", from.PodName, r.Src.Port(), r.Dst, got)
-	b.setSlices(t, svc.Name, nil, readyEPs(repl))
-	res, ok := retryUntilPod(from.Netns, r, repl.PodName, 10*time.Second)
+	res, ok := retryUntilPod(from.Netns, r, old.PodName, convergeTimeout)
 	if !ok {
-		out, _ := b.node(0).Run(context.Background(), "conntrack", "-L", "-p", "udp", "--orig-port-src", fmt.Sprint(r.Src.Port()))
-		t.Fatalf("udp from the same source port still not at %s after 10s (last: %s); conntrack on node1:\n%s", repl.PodName, res, out)
+		t.Fatalf("udp %s:%d -> %s: no reply from %s (last: %s)%s", from.PodName, r.Src.Port(), r.Dst, old.PodName, res, b.udpFlowState(r.Src.Port()))
 	}
-	got = burst(from.Netns, r, 8)
+	t.Logf("udp %s:%d -> %s: %s", from.PodName, r.Src.Port(), r.Dst, res)
+	b.setSlices(t, svc.Name, nil, readyEPs(repl))
+	res, ok = retryUntilPod(from.Netns, r, repl.PodName, 10*time.Second)
+	if !ok {
+		t.Fatalf("udp from the same source port still not at %s after 10s (last: %s)%s", repl.PodName, res, b.udpFlowState(r.Src.Port()))
+	}
+	got := burst(from.Netns, r, 8)
 	if len(got.failures) > 0 || len(got.byPod) != 1 || got.byPod[repl.PodName] == 0 {
 		t.Errorf("after the endpoint moved: %s, want only %s", got, repl.PodName)
 	}
+}
+
+// udpFlowState is node1's view of the UDP flows from source port sport:
+// conntrack, and IPVS's connections in IPVS mode.
+func (b *fbed) udpFlowState(sport uint16) string {
+	ctx := context.Background()
+	out, err := b.node(0).Run(ctx, "conntrack", "-L", "-p", "udp", "--orig-port-src", fmt.Sprint(sport))
+	s := fmt.Sprintf("\nconntrack on node1 (err=%v):\n%s", err, out)
+	out, err = b.node(0).Run(ctx, "conntrack", "-S")
+	s += fmt.Sprintf("\nconntrack -S on node1 (err=%v):\n%s", err, out)
+	if b.mode == "ipvs" {
+		out, err = b.node(0).Run(ctx, "cat", "/proc/net/ip_vs_conn")
+		s += fmt.Sprintf("\n/proc/net/ip_vs_conn on node1 (err=%v):\n%s", err, out)
+	}
+	return s
 }
 
 // testUDPGainsEndpoint: a UDP Service without endpoints is rejected; once it
@@ -74,6 +92,7 @@ func testUDPGainsEndpoint(t *testing.T, b *fbed, f family) {
 	r := req(echo.ProtoUDP, clusterIP(t, svc, f.v6), 80)
 	r.Src = netip.AddrPortFrom(netip.Addr{}, srcPort(f, 40200))
 	b.expectRefused(t, from.Netns, r, f)
+	b.explainSays(t, b.node(0), podIP(from, f), r, explain.Reject)
 	b.setSlices(t, svc.Name, nil, readyEPs(target))
 	if res, ok := retryUntilPod(from.Netns, r, target.PodName, 10*time.Second); !ok {
 		t.Fatalf("udp flow not answered by the new endpoint %s within 10s: %s", target.PodName, res)

@@ -11,6 +11,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/kproxy/kproxy/internal/explain"
 	"github.com/kproxy/kproxy/test/testbed/netbed"
 	"github.com/kproxy/kproxy/test/testbed/netbed/echo"
 )
@@ -33,6 +34,9 @@ func testSessionAffinity(t *testing.T, b *fbed, f family) {
 			t.Errorf("%s %s -> %s: affinity to %s lost: %s", proto, from.PodName, vip, pod, again)
 		}
 		t.Logf("%s %s -> %s: every reply from %s (%s)", proto, from.PodName, vip, pod, again)
+		if a := b.explainOn(t, b.node(0), podIP(from, f), req(proto, vip, 80)); a.Affinity != 10 || len(a.Endpoints) != len(b.pods) {
+			t.Errorf("explain: affinity %ds over %d endpoints, want 10s over %d", a.Affinity, len(a.Endpoints), len(b.pods))
+		}
 	}
 }
 
@@ -63,6 +67,7 @@ func testExternalTrafficPolicyLocal(t *testing.T, b *fbed, f family) {
 			got := waitForPods(t, b.exited, b.bed.Client(), req(proto, dst, port), local...)
 			t.Logf("%s client -> %s:%d: %s", proto, dst, port, got)
 			checkSources(t, fmt.Sprintf("%s client -> %s:%d", proto, dst, port), got, isOneOf(client), "the client's "+client.String()+" (no SNAT)")
+			b.explainAgrees(t, n1, client, req(proto, dst, port), got)
 		}
 	}
 	b.checkHealthCheckNodePort(t, svc, f, map[*netbed.Node]int{n1: len(local), n2: 0})
@@ -73,11 +78,13 @@ func testExternalTrafficPolicyLocal(t *testing.T, b *fbed, f family) {
 		// (no drop, no short-circuit for the node and its pods).
 		pod := b.podsOn("node2")[0]
 		b.expectRefused(t, b.bed.Client(), req(echo.ProtoTCP, nodeAddr(n2, f), np), f)
+		b.explainSays(t, n2, client, req(echo.ProtoTCP, nodeAddr(n2, f), np), explain.Reject)
 		b.expectRefused(t, n2.Netns, req(echo.ProtoTCP, nodeAddr(n2, f), np), f)
 		b.expectRefused(t, pod.Netns, req(echo.ProtoTCP, lb, 80), f)
 		return
 	}
 	b.expectDropped(t, b.bed.Client(), req(echo.ProtoTCP, nodeAddr(n2, f), np), f)
+	b.explainSays(t, n2, client, req(echo.ProtoTCP, nodeAddr(n2, f), np), explain.Drop)
 
 	// Short-circuit: the node without local endpoints, and its pods, use
 	// the cluster's endpoints.
@@ -86,6 +93,7 @@ func testExternalTrafficPolicyLocal(t *testing.T, b *fbed, f family) {
 	pod := b.podsOn("node2")[0]
 	got = waitForPods(t, b.exited, pod.Netns, req(echo.ProtoTCP, nodeAddr(n2, f), np), local...)
 	t.Logf("tcp pod %s -> node2's NodePort: %s", pod.PodName, got)
+	b.explainAgrees(t, n2, podIP(pod, f), req(echo.ProtoTCP, nodeAddr(n2, f), np), got)
 	got = waitForPods(t, b.exited, pod.Netns, req(echo.ProtoTCP, lb, 80), local...)
 	t.Logf("tcp pod %s -> LB %s:80: %s", pod.PodName, lb, got)
 }
@@ -150,6 +158,11 @@ func testInternalTrafficPolicyLocal(t *testing.T, b *fbed, f family) {
 		expect = b.expectRefused
 	}
 	expect(t, on2[1].Netns, req(echo.ProtoTCP, vip, 80), f)
+	verdict := explain.Drop
+	if b.mode == "ipvs" {
+		verdict = explain.Reject
+	}
+	b.explainSays(t, b.node(1), podIP(on2[1], f), req(echo.ProtoTCP, vip, 80), verdict)
 	expect(t, b.node(1).Netns, req(echo.ProtoTCP, vip, 80), f)
 	got := waitForPods(t, b.exited, on1[0].Netns, req(echo.ProtoTCP, vip, 80), on1...)
 	t.Logf("tcp %s -> %s (still local endpoints): %s", on1[0].PodName, vip, got)
@@ -200,4 +213,6 @@ func testTopologyHints(t *testing.T, b *fbed, f family) {
 		got := waitForPods(t, b.exited, c.ns, req(echo.ProtoTCP, vip, 80), c.want...)
 		t.Logf("tcp %s -> %s: %s", c.ns.Name, vip, got)
 	}
+	got := waitForPods(t, b.exited, on2[1].Netns, req(echo.ProtoTCP, vip, 80), on2...)
+	b.explainAgrees(t, b.node(1), podIP(on2[1], f), req(echo.ProtoTCP, vip, 80), got)
 }

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	cliflag "k8s.io/component-base/cli/flag"
+	"k8s.io/component-base/logs"
+	"k8s.io/klog/v2"
+
+	"github.com/kproxy/kproxy/internal/config"
+	"github.com/kproxy/kproxy/internal/daemon"
+	"github.com/kproxy/kproxy/internal/explain"
+)
+
+// newExplainCommand is `kproxy explain`: the path of one new connection on
+// a node, from the Services of the API (--kubeconfig, --master, --config) or
+// of --source-file, with every daemon flag meaning what it means there.
+func newExplainCommand(stdout io.Writer) *cobra.Command {
+	loader := config.NewLoader()
+	var from, to, node, output string
+	cmd := &cobra.Command{
+		Use:   "explain --from IP --to IP:PORT[/tcp|udp|sctp] [--node NAME]",
+		Short: "Explain where a new connection to a Service goes on a node, and why",
+		Long: `explain prints the path a new connection from --from to --to takes on a node:
+the frontend that matches (ClusterIP, NodePort, LoadBalancer ingress IP, external IP) or
+that none does, each policy applied with its reason, the endpoints it may go to with their
+probabilities, the ones left out and why, whether it is masqueraded, or that it is
+dropped or rejected. The Services come from the API (--kubeconfig, --master, --config)
+or from --source-file; the node is --node (or --hostname-override, or this host's name).
+The answer is computed from the same model the dataplanes program. Exit status 1 when no
+Service frontend takes the packet, or the request cannot be answered.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req, err := explainRequest(from, to)
+			if err != nil {
+				return err
+			}
+			if output != "text" && output != "json" {
+				return fmt.Errorf("--output %q: want text or json", output)
+			}
+			if node != "" {
+				if err := cmd.Flags().Set("hostname-override", node); err != nil {
+					return err
+				}
+			}
+			opts, err := loader.Load()
+			if err != nil {
+				return err
+			}
+			logs.InitLogs()
+			if opts.Config.Logging.Verbosity == 0 {
+				// The daemon's start-up lines are noise here: errors
+				// only, unless -v asks for more.
+				klog.LogToStderr(false)
+				klog.SetOutput(io.Discard)
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			ctx = klog.NewContext(ctx, klog.Background())
+			return daemon.Explain(ctx, opts, req, stdout, output == "json")
+		},
+	}
+	fs := cmd.Flags()
+	fs.SetNormalizeFunc(cliflag.WordSepNormalizeFunc)
+	loader.AddFlags(fs)
+	fs.StringVar(&from, "from", "", "The client's address.")
+	fs.StringVar(&to, "to", "", "The destination, IP:PORT[/tcp|udp|sctp] ([IP]:PORT for IPv6); tcp when left out.")
+	fs.StringVar(&node, "node", "", "The node to explain for (default: --hostname-override, or this host's name).")
+	fs.StringVarP(&output, "output", "o", "text", "Output format: text or json.")
+	return cmd
+}
+
+func explainRequest(from, to string) (explain.Request, error) {
+	if from == "" || to == "" {
+		return explain.Request{}, errors.New("explain needs --from IP and --to IP:PORT[/protocol]")
+	}
+	src, err := netip.ParseAddr(from)
+	if err != nil {
+		return explain.Request{}, fmt.Errorf("--from %q: not an IP address", from)
+	}
+	dst, proto, err := explain.ParseTo(to)
+	if err != nil {
+		return explain.Request{}, fmt.Errorf("--to %w", err)
+	}
+	return explain.Request{From: src.Unmap(), To: dst, Protocol: proto}, nil
+}
