@@ -18,6 +18,7 @@ import (
 	"github.com/kproxy/kproxy/internal/config"
 	"github.com/kproxy/kproxy/internal/daemon"
 	"github.com/kproxy/kproxy/internal/explain"
+	"github.com/kproxy/kproxy/internal/inspect"
 )
 
 // newExplainCommand is `kproxy explain`: the path of one new connection on
@@ -25,7 +26,7 @@ import (
 // of --source-file, with every daemon flag meaning what it means there.
 func newExplainCommand(stdout io.Writer) *cobra.Command {
 	loader := config.NewLoader()
-	var from, to, node, output string
+	var from, to, node, output, debugAddr string
 	cmd := &cobra.Command{
 		Use:   "explain --from IP --to IP:PORT[/tcp|udp|sctp] [--node NAME]",
 		Short: "Explain where a new connection to a Service goes on a node, and why",
@@ -47,6 +48,9 @@ Service frontend takes the packet, or the request cannot be answered.`,
 			}
 			if output != "text" && output != "json" {
 				return fmt.Errorf("--output %q: want text or json", output)
+			}
+			if debugAddr != "" {
+				return explainLive(cmd.Context(), debugAddr, req, stdout, output == "json")
 			}
 			if node != "" {
 				if err := cmd.Flags().Set("hostname-override", node); err != nil {
@@ -77,7 +81,28 @@ Service frontend takes the packet, or the request cannot be answered.`,
 	fs.StringVar(&to, "to", "", "The destination, IP:PORT[/tcp|udp|sctp] ([IP]:PORT for IPv6); tcp when left out.")
 	fs.StringVar(&node, "node", "", "The node to explain for (default: --hostname-override, or this host's name).")
 	fs.StringVarP(&output, "output", "o", "text", "Output format: text or json.")
+	fs.StringVar(&debugAddr, "debug-address", "", "Ask the kproxy running on this node (its --debug-bind-address, e.g. 127.0.0.1:10259) instead: the answer comes from what it last programmed.")
 	return cmd
+}
+
+// explainLive has the running kproxy answer from its live snapshot.
+func explainLive(ctx context.Context, addr string, req explain.Request, out io.Writer, asJSON bool) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	a, err := inspect.Explain(ctx, addr, req)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		err = explain.WriteJSON(out, a)
+	} else {
+		err = explain.WriteText(out, a)
+	}
+	if err == nil && a.Verdict == explain.NotProxied {
+		return daemon.ErrNotProxied
+	}
+	return err
 }
 
 func explainRequest(from, to string) (explain.Request, error) {

@@ -74,7 +74,7 @@ nftables, iptables or IPVS.`,
 	fs.Var(&version, "version", "--version, --version=raw prints version information and quits; --version=vX.Y.Z... sets the reported version")
 	fs.Lookup("version").NoOptDefVal = string(versionOn)
 	_ = cmd.MarkFlagFilename("config", "yaml", "yml", "json")
-	cmd.AddCommand(newExplainCommand(stdout))
+	cmd.AddCommand(newExplainCommand(stdout), newInspectCommand(stdout))
 	return cmd
 }
 

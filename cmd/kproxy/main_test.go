@@ -45,6 +45,8 @@ func TestRun(t *testing.T) {
 		{name: "explain unknown node", args: []string{"explain", "--source-file", "../../examples/demo.yaml", "--node", "nope",
 			"--from", "198.18.0.100", "--to", "198.18.128.10:80"}, code: 1, stderr: []string{`node "nope" does not exist`}},
 		{name: "explain bad port", args: append(explainArgs, "--from", "198.18.0.100", "--to", "198.18.128.10:99999"), code: 1, stderr: []string{"--to"}},
+		{name: "inspect without a running kproxy", args: []string{"inspect", "--address", "127.0.0.1:1"}, code: 1, stderr: []string{"debug endpoint", "--debug-bind-address"}},
+		{name: "debug endpoint is loopback only", args: []string{"--debug-bind-address", "0.0.0.0:10259"}, code: 1, stderr: []string{"debugBindAddress", "loopback"}},
 		{name: "explain needs from", args: append(explainArgs, "--to", "198.18.128.10:80"), code: 1, stderr: []string{"needs --from"}},
 	}
 	for _, tc := range tests {

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"sort"
 	"strings"
@@ -163,11 +164,17 @@ func (l *Loader) applyFlags(deprecatedPorts bool) {
 // express: an explicitly empty --cluster-cidr (upstream keeps one empty
 // CIDR and fails validation; the file reads "" as unset).
 func (l *Loader) flagErrors() field.ErrorList {
-	if l.opts.ConfigFile != "" || !l.fs.Changed("cluster-cidr") || l.clusterCIDRs != "" ||
-		string(l.cfg.DetectLocalMode) != LocalModeClusterCIDR {
-		return nil
+	var errs field.ErrorList
+	if a := l.opts.DebugBindAddress; a != "" {
+		if ap, err := netip.ParseAddrPort(a); err != nil || !ap.Addr().IsLoopback() || ap.Port() == 0 {
+			errs = append(errs, field.Invalid(field.NewPath("debugBindAddress"), a, "must be a loopback IP:port, e.g. 127.0.0.1:10259 (the debug endpoint is never exposed off the node)"))
+		}
 	}
-	return field.ErrorList{field.Invalid(field.NewPath("clusterCIDR").Index(0), "", "must be a valid CIDR block (e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)")}
+	if l.opts.ConfigFile == "" && l.fs.Changed("cluster-cidr") && l.clusterCIDRs == "" &&
+		string(l.cfg.DetectLocalMode) == LocalModeClusterCIDR {
+		errs = append(errs, field.Invalid(field.NewPath("clusterCIDR").Index(0), "", "must be a valid CIDR block (e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)"))
+	}
+	return errs
 }
 
 // modeSection points at the per-mode fields upstream folds into one.

@@ -34,6 +34,10 @@ type Options struct {
 	// DryRun is --dry-run (kproxy extension): print what the dataplane would
 	// program after the first sync instead of touching the kernel, then exit.
 	DryRun bool
+	// DebugBindAddress is --debug-bind-address (kproxy extension): where
+	// the debug endpoint that kproxy inspect and explain read serves; ""
+	// (the default) turns it off. A loopback address only.
+	DebugBindAddress string
 
 	// NodeName is this node's name as upstream computes it: the
 	// hostnameOverride, else the host name, trimmed and lower-cased.

@@ -88,7 +88,9 @@ type DataplaneFunc func(cfg dataplane.Config) (dataplane.Dataplane, error)
 
 // SyncReport is what one sync attempt did.
 type SyncReport struct {
-	Full     bool
+	Full bool
+	// Reason is why the runner synced (initial, change, drift, …).
+	Reason   string
 	Families []model.Family
 	Start    time.Time
 	Duration time.Duration

@@ -77,6 +77,10 @@ func (d *daemon) startServers(ctx context.Context, wg *sync.WaitGroup) error {
 	if err != nil {
 		return fmt.Errorf("setting up servers: %w", err)
 	}
+	if addr := d.o.DebugBindAddress; addr != "" {
+		s, o := d.debugServer(addr)
+		servers, obs = append(servers, s), append(obs, o)
+	}
 	d.obs = obs
 	if d.inputs.ObserveChanges != nil {
 		for _, o := range obs {

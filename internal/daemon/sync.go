@@ -27,7 +27,7 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 	dpDone := d.env.clock.Now()
 	d.inputs.Tracker.Done(b, err == nil)
 	report := SyncReport{
-		Full: req.Full, Families: d.fams, Start: start, Err: err,
+		Full: req.Full, Reason: string(req.Reason), Families: d.fams, Start: start, Err: err,
 		Pending: len(b.Changed), TriggerTimes: b.TriggerTimes,
 	}
 	if err != nil {

@@ -9,10 +9,13 @@ import (
 )
 
 // WriteJSON writes the answer as one indented JSON object.
-func WriteJSON(w io.Writer, a *Answer) error {
+func WriteJSON(w io.Writer, a *Answer) error { return WriteJSONValue(w, a) }
+
+// WriteJSONValue writes v as one indented JSON object, as the tools print.
+func WriteJSONValue(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	return enc.Encode(a)
+	return enc.Encode(v)
 }
 
 // WriteText writes the answer for a person: the packet, each step, the

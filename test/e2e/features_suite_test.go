@@ -80,6 +80,8 @@ var featureCases = []fcase{
 	{"NoBlackholeOnAddBack", testNoBlackholeOnAddBack},
 	{"RestartUnderTraffic", testRestartUnderTraffic},
 	{"FlushRepair", testFlushRepair},
+	// inspect_test.go (kproxy's debug endpoint: kproxy inspect, explain --debug-address)
+	{"Inspect", testInspect},
 	// features_iptables_test.go (iptables mode only)
 	{"LocalhostNodePort", testLocalhostNodePort},
 }

@@ -110,9 +110,14 @@ func newCluster(t *testing.T, mode string) *cluster {
 	return c
 }
 
-// kproxyArgs are upstream kube-proxy flags only.
+// kproxyArgs are upstream kube-proxy flags, and for kproxy its debug
+// endpoint (debugAddress, in the node's namespace).
 func (c *cluster) kproxyArgs(t *testing.T, n *netbed.Node) []string {
-	return []string{
+	var own []string
+	if !isUpstream() {
+		own = []string{"--debug-bind-address", debugAddress}
+	}
+	return append([]string{
 		kproxyBinary(t),
 		"--kubeconfig", nodeKubeconfig(t),
 		"--hostname-override", n.Spec.Name,
@@ -123,8 +128,11 @@ func (c *cluster) kproxyArgs(t *testing.T, n *netbed.Node) []string {
 		// Leave nf_conntrack_max alone: it is global, not per namespace.
 		"--conntrack-max-per-core", "0",
 		"--v", "2",
-	}
+	}, own...)
 }
+
+// debugAddress is kproxy's --debug-bind-address on every node.
+const debugAddress = "127.0.0.1:10259"
 
 // exited returns an error naming the first kproxy that is not running.
 func (c *cluster) exited() error {
