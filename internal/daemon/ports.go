@@ -105,6 +105,9 @@ type SyncReport struct {
 	Pending      int
 	TriggerTimes []time.Time
 	Conntrack    []conntrack.Result
+	// Rules are the backend's rule counts after a successful sync (iptables
+	// mode; nil for the others).
+	Rules []dataplane.RuleCount
 }
 
 // Observer is told what the sync loop does; the health and metrics servers

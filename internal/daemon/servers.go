@@ -122,6 +122,9 @@ func (o *serverObserver) Synced(r SyncReport) {
 	if r.Err == nil && r.Snapshot != nil {
 		o.health.SetNode(r.Snapshot.Node)
 	}
+	for _, c := range r.Rules {
+		o.metrics.IPTablesRules(c.Family, c.Table, c.Total, c.LastSync)
+	}
 	for _, c := range r.Conntrack {
 		if !c.Skipped {
 			o.metrics.ConntrackReconciled(c.Family, c.Duration, c.Deleted)

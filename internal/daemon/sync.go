@@ -37,6 +37,9 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 	}
 	first := d.prev == nil
 	report.Programmed = dpDone
+	if rc, ok := d.dp.(dataplane.RuleCounter); ok {
+		report.Rules = rc.RuleCounts()
+	}
 	report.Conntrack = d.cleaner.Clean(ctx, d.prev, snap, req.Full)
 	ctDone := d.env.clock.Now()
 	d.prev = snap

@@ -50,6 +50,20 @@ type DryRunner interface {
 	Render(w io.Writer, snap *model.Snapshot) error
 }
 
+// RuleCounter is implemented by backends that report how many rules they
+// own (the kubeproxy_sync_proxy_rules_iptables_total and _last gauges).
+type RuleCounter interface {
+	RuleCounts() []RuleCount
+}
+
+// RuleCount is one table's rules in one family: owned, and written by the
+// last sync.
+type RuleCount struct {
+	Family          model.Family
+	Table           string
+	Total, LastSync int
+}
+
 // LocalMode is how traffic from local pods is told apart (detectLocalMode).
 type LocalMode string
 

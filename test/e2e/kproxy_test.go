@@ -351,12 +351,23 @@ func testHealthAndMetrics(t *testing.T, c *cluster) {
 				return err
 			}, "GET %s from the client", url)
 		}
+		want := []string{"kubeproxy_sync_proxy_rules_duration_seconds"}
+		if c.mode == "iptables" {
+			// Upstream's iptables mode reports the rules it owns per table.
+			want = append(want, `kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv4",table="nat"}`,
+				`kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv4",table="filter"}`)
+		}
 		eventually(t, c.exited, func() error {
 			code, body, err := n.HTTPGet(ctx, "http://127.0.0.1:10249/metrics")
-			if err == nil && (code != 200 || !strings.Contains(body, "kubeproxy_sync_proxy_rules_duration_seconds")) {
-				err = fmt.Errorf("status %d, no kubeproxy_sync_proxy_rules_duration_seconds", code)
+			if err != nil || code != 200 {
+				return fmt.Errorf("status %d: %v", code, err)
 			}
-			return err
+			for _, w := range want {
+				if !strings.Contains(body, w) {
+					return fmt.Errorf("no %s", w)
+				}
+			}
+			return nil
 		}, "GET /metrics in %s", n.Spec.Name)
 	}
 }

@@ -28,6 +28,36 @@ type famState struct {
 	// shared holds the rules of the non-per-port chains last written,
 	// keyed by "table/chain".
 	shared map[string][]string
+	// written counts the rules the last sync wrote, by table.
+	written map[string]int
+}
+
+// ruleCounts returns, by table, the rules kproxy owns in this family (as
+// last written) and the rules the last sync wrote.
+func (st *famState) ruleCounts() (total, written map[string]int) {
+	total = map[string]int{tableNAT: 0, tableFilter: 0}
+	for k, rules := range st.shared {
+		table, _, _ := strings.Cut(k, "/")
+		total[table] += len(rules)
+	}
+	for _, pr := range st.ports {
+		if pr == nil {
+			continue
+		}
+		n := pr.rules
+		if pr.nat != nil {
+			n = 0
+			for _, c := range pr.nat {
+				n += len(c.Rules)
+			}
+		}
+		total[tableNAT] += n
+	}
+	written = map[string]int{tableNAT: 0, tableFilter: 0}
+	for t, n := range st.written {
+		written[t] = n
+	}
+	return total, written
 }
 
 func key(table, chain string) string { return table + "/" + chain }
@@ -39,6 +69,16 @@ func key(table, chain string) string { return table + "/" + chain }
 func (p *Proxier) restore(ctx context.Context, fam model.Family, ws ...*tableWrite) error {
 	if !slices.ContainsFunc(ws, func(w *tableWrite) bool { return !w.empty() }) {
 		return nil
+	}
+	if st := p.fams[fam]; st != nil {
+		for _, w := range ws {
+			if w.empty() {
+				continue
+			}
+			for _, c := range w.chains {
+				st.written[w.table] += len(c.Rules)
+			}
+		}
 	}
 	if run, ok := p.netlinkRunner(); ok {
 		err := p.netlinkRestore(ctx, run, fam, ws)

@@ -257,3 +257,43 @@ func TestTakesOverOlderBucketNames(t *testing.T) {
 	}
 	assertKernelMatches(t, k, p, snap)
 }
+
+// TestRuleCounts: after a full sync every rule owned was written; a partial
+// sync writes only the changed Service's nat rules and leaves the totals
+// matching the kernel's rule count.
+func TestRuleCounts(t *testing.T) {
+	ctx := context.Background()
+	p, k, _ := newTestProxier(t)
+	if got := p.RuleCounts(); len(got) != 0 {
+		t.Errorf("before a sync: %+v", got)
+	}
+	if err := p.Sync(ctx, twoServices(dptest.EP("198.18.65.10", 80, false)), changed("a", "b")); err != nil {
+		t.Fatal(err)
+	}
+	counts := func() map[string]dataplane.RuleCount {
+		m := map[string]dataplane.RuleCount{}
+		for _, c := range p.RuleCounts() {
+			m[c.Family.String()+"/"+c.Table] = c
+		}
+		return m
+	}
+	first := counts()
+	nat := first["IPv4/nat"]
+	if nat.Total == 0 || nat.LastSync != nat.Total || first["IPv4/filter"].Total == 0 {
+		t.Errorf("after the full sync: %+v", first)
+	}
+	if lines := strings.Count(k.last(), "\n-A "); lines < nat.Total {
+		t.Errorf("the full sync wrote %d rules, the count says %d in nat alone", lines, nat.Total)
+	}
+	snap := twoServices(dptest.EP("198.18.65.10", 80, false), dptest.EP("198.18.65.11", 80, false))
+	if err := p.Sync(ctx, snap, changed("a")); err != nil {
+		t.Fatal(err)
+	}
+	second := counts()
+	if n := second["IPv4/nat"]; n.LastSync == 0 || n.LastSync >= n.Total || n.Total <= nat.Total {
+		t.Errorf("after a's partial sync (one endpoint more): nat %+v, before %+v", n, nat)
+	}
+	if f := second["IPv4/filter"]; f.LastSync != 0 {
+		t.Errorf("the partial sync wrote %d filter rules", f.LastSync)
+	}
+}

@@ -107,6 +107,7 @@ func (p *Proxier) Sync(ctx context.Context, snap *model.Snapshot, req dataplane.
 			p.fams[f] = st
 		}
 		full := req.Full || req.NodeChanged || !st.valid
+		st.written = map[string]int{}
 		var err error
 		if full {
 			err = p.fullSync(ctx, st, snap)
@@ -119,6 +120,25 @@ func (p *Proxier) Sync(ctx context.Context, snap *model.Snapshot, req dataplane.
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// RuleCounts implements dataplane.RuleCounter: per family and table
+// (nat, filter), the rules kproxy owns and those the last sync wrote.
+func (p *Proxier) RuleCounts() []dataplane.RuleCount {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []dataplane.RuleCount
+	for _, f := range p.cfg.Families {
+		st := p.fams[f]
+		if st == nil || !st.valid {
+			continue
+		}
+		total, written := st.ruleCounts()
+		for _, t := range []string{tableFilter, tableNAT} {
+			out = append(out, dataplane.RuleCount{Family: f, Table: t, Total: total[t], LastSync: written[t]})
+		}
+	}
+	return out
 }
 
 // prepareSysctls sets route_localnet when localhost NodePorts are on and
