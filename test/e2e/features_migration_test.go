@@ -106,6 +106,9 @@ func testFromUpstream(t *testing.T, b *migBed, from, to proxySpec) {
 	legacyBefore := b.legacyTables()
 
 	ps := b.startProbing()
+	// Established connections (one per family, opened under the old
+	// proxy) must carry on through the takeover.
+	ka := b.startKeepAlive()
 	time.Sleep(300 * time.Millisecond)
 	b.stop()
 	time.Sleep(300 * time.Millisecond) // nobody runs: the old rules answer
@@ -113,11 +116,14 @@ func testFromUpstream(t *testing.T, b *migBed, from, to proxySpec) {
 	eventually(t, b.exited, b.leftoversGone(to.mode), "%s's leftovers removed by %s", from, to)
 	time.Sleep(time.Second) // keep probing the settled state
 	results := ps.stop()
+	names := ps.probeNames()
+	results = append(results, ka.stop()...)
+	names = append(names, ka.names...)
 	for i, rs := range results {
 		bad := failuresOf(rs)
-		t.Logf("%s: %d probes, %d failed", ps.probes[i].name, len(rs), len(bad))
+		t.Logf("%s: %d probes, %d failed", names[i], len(rs), len(bad))
 		if len(bad) > 0 {
-			t.Errorf("%s: %d of %d probes failed across the switch from %s to %s:%s", ps.probes[i].name, len(bad), len(rs), from, to, describeProbes(bad, 10))
+			t.Errorf("%s: %d of %d probes failed across the switch from %s to %s:%s", names[i], len(bad), len(rs), from, to, describeProbes(bad, 10))
 		}
 	}
 	b.checkOwned(to.mode)

@@ -277,6 +277,15 @@ func (b *migBed) startProbing() *probing {
 	return ps
 }
 
+// probeNames are the probes' names, in probe order.
+func (ps *probing) probeNames() []string {
+	out := make([]string, len(ps.probes))
+	for i, p := range ps.probes {
+		out[i] = p.name
+	}
+	return out
+}
+
 // stop ends probing and returns each probe's results, in probe order.
 func (ps *probing) stop() [][]probeResult { return stopAll(ps.probers) }
 
