@@ -75,9 +75,39 @@ type osKernel struct {
 	once   sync.Once
 	handle *libipvs.Handle
 	err    error
+
+	// nl keeps its netlink sockets open: the package-level functions of
+	// vishvananda/netlink open a socket per request, and a cold start
+	// binds one address per Service. dummy is kube-ipvs0, looked up once
+	// per full sync (EnsureDummy) and again when it is gone.
+	nlOnce sync.Once
+	nl     *netlink.Handle
+	nlErr  error
+	dummy  netlink.Link
 }
 
 func newOSKernel() *osKernel { return &osKernel{ex: iptables.OSExec{}} }
+
+func (k *osKernel) nlHandle() (*netlink.Handle, error) {
+	k.nlOnce.Do(func() { k.nl, k.nlErr = netlink.NewHandle() })
+	return k.nl, k.nlErr
+}
+
+// dummyLink returns kube-ipvs0 (cached; looked up when fresh is set or
+// nothing is cached).
+func (k *osKernel) dummyLink(fresh bool) (*netlink.Handle, netlink.Link, error) {
+	h, err := k.nlHandle()
+	if err != nil {
+		return nil, nil, err
+	}
+	if fresh || k.dummy == nil {
+		if k.dummy, err = h.LinkByName(DummyDevice); err != nil {
+			k.dummy = nil
+			return h, nil, err
+		}
+	}
+	return h, k.dummy, nil
+}
 
 func (k *osKernel) ipvs() (*libipvs.Handle, error) {
 	k.once.Do(func() { k.handle, k.err = libipvs.New("") })
@@ -137,22 +167,27 @@ func (k *osKernel) SetTimeouts(c *libipvs.Config) error {
 }
 
 func (k *osKernel) EnsureDummy() error {
-	if _, err := netlink.LinkByName(DummyDevice); err == nil {
+	h, _, err := k.dummyLink(true)
+	if err == nil {
 		return nil
 	}
-	err := netlink.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: DummyDevice}})
+	if h == nil {
+		return err
+	}
+	err = h.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: DummyDevice}})
 	if err != nil && !errors.Is(err, syscall.EEXIST) {
 		return fmt.Errorf("creating %s: %w", DummyDevice, err)
 	}
-	return nil
+	_, _, err = k.dummyLink(true)
+	return err
 }
 
 func (k *osKernel) DummyAddrs() ([]netip.Addr, error) {
-	link, err := netlink.LinkByName(DummyDevice)
+	h, link, err := k.dummyLink(true)
 	if err != nil {
 		return nil, nil
 	}
-	addrs, err := netlink.AddrList(link, netlink.FAMILY_ALL)
+	addrs, err := h.AddrList(link, netlink.FAMILY_ALL)
 	if err != nil {
 		return nil, fmt.Errorf("listing %s's addresses: %w", DummyDevice, err)
 	}
@@ -177,37 +212,50 @@ func dummyAddr(a netip.Addr) *netlink.Addr {
 }
 
 func (k *osKernel) AddDummyAddr(a netip.Addr) error {
-	link, err := netlink.LinkByName(DummyDevice)
+	h, link, err := k.dummyLink(false)
 	if err != nil {
 		return err
 	}
-	if err := netlink.AddrReplace(link, dummyAddr(a)); err != nil {
+	err = h.AddrReplace(link, dummyAddr(a))
+	if errors.Is(err, syscall.ENODEV) {
+		// kube-ipvs0 was deleted and made again since the lookup.
+		if h, link, err = k.dummyLink(true); err == nil {
+			err = h.AddrReplace(link, dummyAddr(a))
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("binding %s to %s: %w", a, DummyDevice, err)
 	}
 	return nil
 }
 
 func (k *osKernel) DelDummyAddr(a netip.Addr) error {
-	link, err := netlink.LinkByName(DummyDevice)
+	h, link, err := k.dummyLink(false)
 	if err != nil {
 		return nil
 	}
-	if err := netlink.AddrDel(link, dummyAddr(a)); err != nil && !errors.Is(err, syscall.EADDRNOTAVAIL) {
+	err = h.AddrDel(link, dummyAddr(a))
+	if err != nil && !errors.Is(err, syscall.EADDRNOTAVAIL) && !errors.Is(err, syscall.ENODEV) {
 		return fmt.Errorf("unbinding %s from %s: %w", a, DummyDevice, err)
 	}
 	return nil
 }
 
 func (k *osKernel) DeleteDummy() error {
-	link, err := netlink.LinkByName(DummyDevice)
+	h, link, err := k.dummyLink(true)
 	if err != nil {
 		return nil
 	}
-	return netlink.LinkDel(link)
+	k.dummy = nil
+	return h.LinkDel(link)
 }
 
 func (k *osKernel) LocalAddrs() ([]netip.Addr, error) {
-	links, err := netlink.LinkList()
+	h, err := k.nlHandle()
+	if err != nil {
+		return nil, err
+	}
+	links, err := h.LinkList()
 	if err != nil {
 		return nil, fmt.Errorf("listing interfaces: %w", err)
 	}
@@ -216,7 +264,7 @@ func (k *osKernel) LocalAddrs() ([]netip.Addr, error) {
 		if l.Attrs().Name == DummyDevice {
 			continue
 		}
-		addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
+		addrs, err := h.AddrList(l, netlink.FAMILY_ALL)
 		if err != nil {
 			return nil, fmt.Errorf("listing %s's addresses: %w", l.Attrs().Name, err)
 		}
