@@ -77,7 +77,7 @@ bench-ipvs: build testbed-deps
 	$(BENCH_ENV) BENCH_MODE=ipvs BENCH_COLD_TIMEOUT=$(BENCH_VM_COLD_TIMEOUT) BENCH_STORM_TIMEOUT=1800 \
 		BENCH_RESULTS=/vmout/keep/results.json BENCH_DOC=/vmout/keep/performance.md \
 		BENCH_COMMAND="make bench-ipvs SERVICES=$(SERVICES) ENDPOINTS=$(ENDPOINTS) PROXY=$(PROXY) RUNS=$(RUNS) IDLE=$(IDLE)" \
-		bash test/vm/vm.sh -t 12000 -k $(BIN)/vmkeep $(foreach v,KPROXY_BENCH BENCH_SERVICES BENCH_ENDPOINTS BENCH_MODE BENCH_PROXY BENCH_RUNS BENCH_IDLE BENCH_CHANGES KPROXY_BIN KPROXY_ECHO BENCH_COLD_TIMEOUT BENCH_STORM_TIMEOUT BENCH_RESULTS BENCH_DOC BENCH_COMMAND,-e $(v)) -- \
+		bash test/vm/vm.sh -t 12000 -k $(BIN)/vmkeep $(foreach v,KPROXY_BENCH BENCH_SERVICES BENCH_ENDPOINTS BENCH_MODE BENCH_PROXY BENCH_RUNS BENCH_IDLE BENCH_CHANGES KPROXY_BIN KPROXY_ECHO BENCH_COLD_TIMEOUT BENCH_STORM_TIMEOUT BENCH_CHANGE_TIMEOUT BENCH_RESULTS BENCH_DOC BENCH_COMMAND,-e $(v)) -- \
 		sh -c 'cd test/bench && ../../$(BIN)/bench.test -test.run TestScale -test.v -test.timeout 180m'
 	cp $(BIN)/vmkeep/results.json test/bench/results/results.json
 	cp $(BIN)/vmkeep/performance.md docs/performance.md
