@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -28,8 +29,10 @@ type famState struct {
 	// shared holds the rules of the non-per-port chains last written,
 	// keyed by "table/chain".
 	shared map[string][]string
-	// written counts the rules the last sync wrote, by table.
-	written map[string]int
+	// written counts the rules the last sync wrote, by table; restores of
+	// one sync run in parallel (restoreAll), hence the lock.
+	writtenMu sync.Mutex
+	written   map[string]int
 }
 
 // ruleCounts returns, by table, the rules kproxy owns in this family (as
@@ -54,9 +57,11 @@ func (st *famState) ruleCounts() (total, written map[string]int) {
 		total[tableNAT] += n
 	}
 	written = map[string]int{tableNAT: 0, tableFilter: 0}
+	st.writtenMu.Lock()
 	for t, n := range st.written {
 		written[t] = n
 	}
+	st.writtenMu.Unlock()
 	return total, written
 }
 
@@ -71,6 +76,7 @@ func (p *Proxier) restore(ctx context.Context, fam model.Family, ws ...*tableWri
 		return nil
 	}
 	if st := p.fams[fam]; st != nil {
+		st.writtenMu.Lock()
 		for _, w := range ws {
 			if w.empty() {
 				continue
@@ -79,6 +85,7 @@ func (p *Proxier) restore(ctx context.Context, fam model.Family, ws ...*tableWri
 				st.written[w.table] += len(c.Rules)
 			}
 		}
+		st.writtenMu.Unlock()
 	}
 	if run, ok := p.netlinkRunner(); ok {
 		err := p.netlinkRestore(ctx, run, fam, ws)

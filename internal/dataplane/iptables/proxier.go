@@ -107,7 +107,9 @@ func (p *Proxier) Sync(ctx context.Context, snap *model.Snapshot, req dataplane.
 			p.fams[f] = st
 		}
 		full := req.Full || req.NodeChanged || !st.valid
+		st.writtenMu.Lock()
 		st.written = map[string]int{}
+		st.writtenMu.Unlock()
 		var err error
 		if full {
 			err = p.fullSync(ctx, st, snap)
