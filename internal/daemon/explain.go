@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	"github.com/kproxy/kproxy/internal/config"
 	"github.com/kproxy/kproxy/internal/explain"
@@ -33,6 +34,10 @@ func Explain(ctx context.Context, o *config.Options, req explain.Request, out io
 	return explainWith(ctx, o, e, req, asJSON)
 }
 
+// explainNodeWait bounds the wait for the Node object after the inputs
+// synced: an unknown node is answered after it.
+const explainNodeWait = 10 * time.Second
+
 func explainWith(ctx context.Context, o *config.Options, e env, req explain.Request, asJSON bool) error {
 	d, err := newDaemon(o, e)
 	if err != nil {
@@ -45,6 +50,13 @@ func explainWith(ctx context.Context, o *config.Options, e env, req explain.Requ
 	wg.Go(func() { d.runSource(ctx) })
 	if err := d.waitFor(ctx, 0, d.inputs.Tracker.Synced); err != nil {
 		return err
+	}
+	if d.inputs.NodeExpected {
+		// The Node's event can reach the tracker just after the inputs
+		// report synced (the daemon's start-up waits for it the same way).
+		if err := d.waitFor(ctx, explainNodeWait, func() bool { return d.peekNode() != nil }); err != nil {
+			return err
+		}
 	}
 	if d.peekNode() == nil {
 		return fmt.Errorf("%w: node %q does not exist in the source", ErrExplain, d.nodeName)
