@@ -64,10 +64,7 @@ func explainWith(ctx context.Context, o *config.Options, e env, req explain.Requ
 	if err := d.prepare(ctx); err != nil {
 		return err
 	}
-	b := d.inputs.Tracker.Take()
-	snap, problems := buildSnapshot(b)
-	d.problems.log(ctx, problems)
-	d.inputs.Tracker.Done(b, false)
+	snap := d.takeSnapshot(ctx)
 	a, err := explain.Explain(explain.Input{Snapshot: snap, Config: d.dpCfg, Mode: d.mode}, req)
 	if err != nil {
 		return err

@@ -202,10 +202,18 @@ func (d *daemon) dryRun(ctx context.Context) error {
 	if err := d.waitFor(ctx, 0, d.inputs.Tracker.Synced); err != nil {
 		return err
 	}
+	snap := d.takeSnapshot(ctx)
+	d.handServiceCIDRs(ctx, snap)
+	return dr.Render(d.env.stdout, snap)
+}
+
+// takeSnapshot builds a snapshot of everything the inputs hold, logs its
+// problems and marks the changes taken (--dry-run and explain, which
+// program nothing).
+func (d *daemon) takeSnapshot(ctx context.Context) *model.Snapshot {
 	b := d.inputs.Tracker.Take()
 	snap, problems := buildSnapshot(b)
 	d.problems.log(ctx, problems)
 	d.inputs.Tracker.Done(b, false)
-	d.handServiceCIDRs(ctx, snap)
-	return dr.Render(d.env.stdout, snap)
+	return snap
 }

@@ -267,16 +267,13 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("debug endpoint: %w", err)
 	}
 	srv := &http.Server{Handler: s.Recorder.Handler(), ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shutdown)
-	}()
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
+	stop := context.AfterFunc(ctx, func() { _ = srv.Close() })
+	defer stop()
+	err = srv.Serve(ln)
+	if ctx.Err() != nil && errors.Is(err, http.ErrServerClosed) {
+		return nil
 	}
-	return nil
+	return fmt.Errorf("debug endpoint stopped: %w", err)
 }
 
 // SortServices orders services by name, then family.

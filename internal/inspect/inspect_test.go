@@ -79,7 +79,7 @@ func TestHandlerAndClient(t *testing.T) {
 	defer srv.Close()
 	addr := strings.TrimPrefix(srv.URL, "http://")
 	ctx := context.Background()
-	req := explain.Request{From: netipMust("198.18.100.1"), To: netipPort("198.18.130.1:80"), Protocol: model.TCP}
+	req := explain.Request{From: netip.MustParseAddr("198.18.100.1"), To: netip.MustParseAddrPort("198.18.130.1:80"), Protocol: model.TCP}
 	if _, err := Explain(ctx, addr, req); err == nil || !strings.Contains(err.Error(), "no snapshot") {
 		t.Errorf("explain before a sync: %v", err)
 	}
@@ -122,6 +122,3 @@ func TestServerLoopbackOnly(t *testing.T) {
 		t.Errorf("run: %v", err)
 	}
 }
-
-func netipMust(s string) netip.Addr     { return netip.MustParseAddr(s) }
-func netipPort(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }

@@ -133,13 +133,8 @@ func dryRunApply(ctx context.Context, c kubernetes.Interface, o runtime.Object) 
 }
 
 func describe(o runtime.Object) string {
-	m, _ := metaOf(o)
+	m := o.(metav1.Object) // every kind the scheme decodes has object metadata
 	return o.GetObjectKind().GroupVersionKind().Kind + " " + m.GetNamespace() + "/" + m.GetName()
-}
-
-func metaOf(o runtime.Object) (metav1.Object, bool) {
-	m, ok := o.(metav1.Object)
-	return m, ok
 }
 
 func only[T runtime.Object](t *testing.T, objs []runtime.Object) T {
