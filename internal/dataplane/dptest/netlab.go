@@ -38,6 +38,17 @@ func Run(t testing.TB, args ...string) {
 	}
 }
 
+// Output runs a command and returns its output; it fails the test, with
+// the output, when the command fails.
+func Output(t testing.TB, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
 // Lab is a node namespace with a pod namespace behind a veth (pod CIDR
 // 198.18.64.0/24, the pod is 198.18.64.10) and a client namespace behind
 // another (198.18.200.0/24, the client is 198.18.200.5). The client routes

@@ -180,6 +180,8 @@ func (tr *tracer) step(st *trace.Branch, toks []string, depth int) (ok bool, v s
 		return true, tr.verdict(st, toks[0], toks[1], depth), nil
 	case "drop", "reject", "accept", "return":
 		return true, toks[0], nil
+	case foreignRule:
+		trace.Failf("%s holds a rule kproxy does not write: %s", toks[1], strings.Join(toks[2:], " "))
 	case "fib":
 		a := st.Dst
 		if toks[1] == "saddr" {

@@ -1,0 +1,216 @@
+package nftables
+
+import (
+	"fmt"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/trace"
+)
+
+// Verification is one packet traced twice: through the rules render makes
+// of a snapshot (what kproxy means the kernel to hold) and through the
+// rules the kernel holds in the family's table, read back over netlink.
+type Verification struct {
+	Model trace.Result
+	// Kernel is the kernel's outcome; KernelErr says why there is none
+	// (a rule kproxy does not write on the packet's path, say).
+	Kernel    trace.Result
+	KernelErr error
+	// Notes are the differences seen on the packet's path: chains or
+	// rules missing or added, set elements missing or added.
+	Notes []string
+}
+
+// Verify traces p in the table of p's family. isLocal says which
+// addresses are the node's own (fib ... type local).
+func Verify(cfg dataplane.Config, table string, snap *model.Snapshot, p trace.Packet, isLocal func(netip.Addr) bool) (Verification, error) {
+	fam := model.IPv4
+	if p.Dst.Is6() {
+		fam = model.IPv6
+	}
+	d := render(cfg, snap.Family(fam), snap.Node)
+	var v Verification
+	var err error
+	if v.Model, err = newRuleTracer(newDesiredSource(d), isLocal).trace(p); err != nil {
+		return v, fmt.Errorf("tracing kproxy's own rules: %w", err)
+	}
+	k := &kernelSource{nl: newNetlinkReader(fam, table), want: newDesiredSource(d),
+		sets: map[string]*set{}, chains: map[string][]string{}, elems: map[string]map[string]string{}}
+	for _, s := range d.Sets {
+		k.sets[s.Name] = s
+	}
+	v.Kernel, v.KernelErr = newRuleTracer(k, isLocal).trace(p)
+	if k.err != nil {
+		return v, k.err
+	}
+	v.Notes = k.notes()
+	return v, nil
+}
+
+// kernelSource reads the chains and sets a trace visits from the kernel,
+// once each, and keeps what it read to compare with the render.
+type kernelSource struct {
+	nl     *netlinkReader
+	want   *desiredSource
+	sets   map[string]*set
+	chains map[string][]string          // visited chain -> decoded rules (nil: missing)
+	elems  map[string]map[string]string // visited set -> elements
+	order  []string                     // chains and sets, as visited
+	err    error                        // a failed read (not a difference)
+}
+
+// foreignRule stands for a kernel rule render does not write; the tracer
+// fails when it reaches one.
+const foreignRule = "foreign-rule"
+
+func (k *kernelSource) chainRules(name string) ([]string, bool) {
+	if rules, seen := k.chains[name]; seen {
+		return rules, true
+	}
+	k.order = append(k.order, "chain "+name)
+	rules, err := k.readChain(name)
+	if err != nil {
+		k.err = err
+		trace.Failf("reading chain %s: %v", name, err)
+	}
+	// A missing chain traces as an empty one: a missing base chain is a
+	// missing hook (jumps to missing chains cannot exist in the kernel).
+	k.chains[name] = rules
+	return rules, true
+}
+
+func (k *kernelSource) readChain(name string) ([]string, error) {
+	texts, errs, found, err := k.nl.chainRules(name)
+	if err != nil || !found {
+		return nil, err
+	}
+	if texts == nil {
+		texts = []string{}
+	}
+	for i, derr := range errs {
+		if derr != nil {
+			texts[i] = fmt.Sprintf("%s %s#%d (%v)", foreignRule, name, i+1, derr)
+		}
+	}
+	return texts, nil
+}
+
+func (k *kernelSource) setElements(name string) map[string]string {
+	if el, seen := k.elems[name]; seen {
+		return el
+	}
+	k.order = append(k.order, "set "+name)
+	s := k.sets[name]
+	if s == nil {
+		trace.Failf("rule refers to set %s, which kproxy does not create", name)
+	}
+	el, err := k.nl.elementMap(s)
+	if isNotFound(err) {
+		el, err = nil, nil
+	}
+	if err != nil {
+		k.err = err
+		trace.Failf("reading set %s: %v", name, err)
+	}
+	k.elems[name] = el
+	return el
+}
+
+// slotRef is the part of a rule that names where a policy chain's
+// endpoints are kept; it depends on the order in which Services came, so
+// a fresh render and a long-running kproxy may differ there only.
+var slotRef = regexp.MustCompile(`offset \d+ map @endpoint-ranges-\S+`)
+
+// notes compares what the trace read with the render: chains missing in
+// the kernel, rules missing or added in a visited chain, and the elements
+// of a visited set (other than the endpoint-ranges maps, whose layout is
+// a running kproxy's own) missing or added.
+func (k *kernelSource) notes() []string {
+	var out []string
+	for _, what := range k.order {
+		kind, name, _ := strings.Cut(what, " ")
+		if kind == "chain" {
+			out = append(out, k.chainNotes(name)...)
+		} else if !strings.HasPrefix(name, "endpoint-ranges-") {
+			out = append(out, elemNotes(name, k.want.setElements(name), k.elems[name])...)
+		}
+	}
+	return out
+}
+
+func (k *kernelSource) chainNotes(name string) []string {
+	got := k.chains[name]
+	want, ok := k.want.chainRules(name)
+	switch {
+	case !ok:
+		return []string{fmt.Sprintf("chain %s is in the kernel but not in kproxy's rules", name)}
+	case got == nil:
+		return []string{fmt.Sprintf("chain %s is missing in the kernel", name)}
+	}
+	norm := func(rs []string) []string {
+		out := make([]string, 0, len(rs))
+		for _, r := range rs {
+			if head, list, ok := strings.Cut(r, " != { "); ok && strings.HasSuffix(list, " } drop") {
+				for _, a := range strings.Split(strings.TrimSuffix(list, " } drop"), ", ") {
+					out = append(out, head+" "+a+" return")
+				}
+				out = append(out, "drop")
+				continue
+			}
+			out = append(out, slotRef.ReplaceAllString(r, "offset * map @endpoint-ranges-*"))
+		}
+		return out
+	}
+	g, w := norm(got), norm(want)
+	var out []string
+	for _, r := range w {
+		if !slices.Contains(g, r) {
+			out = append(out, fmt.Sprintf("chain %s: the kernel lacks kproxy's rule %q", name, r))
+		}
+	}
+	for _, r := range g {
+		if !slices.Contains(w, r) {
+			out = append(out, fmt.Sprintf("chain %s: the kernel has a rule kproxy does not write: %q", name, r))
+		}
+	}
+	if len(out) == 0 && !slices.Equal(g, w) {
+		out = append(out, fmt.Sprintf("chain %s: the kernel holds kproxy's rules in another order", name))
+	}
+	return out
+}
+
+// elemNotes lists up to five elements missing and five added.
+func elemNotes(set string, want, got map[string]string) []string {
+	var out []string
+	diff := func(a, b map[string]string, format string) {
+		var keys []string
+		for key, v := range a {
+			if w, ok := b[key]; !ok || w != v {
+				keys = append(keys, key)
+			}
+		}
+		slices.Sort(keys)
+		for i, key := range keys {
+			if i == 5 {
+				out = append(out, fmt.Sprintf("set %s: %d more", set, len(keys)-5))
+				break
+			}
+			out = append(out, fmt.Sprintf(format, set, elemText(key, a[key])))
+		}
+	}
+	diff(want, got, "set %s: the kernel lacks kproxy's element %s")
+	diff(got, want, "set %s: the kernel has an element kproxy does not write: %s")
+	return out
+}
+
+func elemText(key, value string) string {
+	if value == "" {
+		return key
+	}
+	return key + " : " + value
+}
