@@ -60,6 +60,27 @@ func (b *Branch) Choose() bool {
 	return c
 }
 
+// Verification is one packet traced twice: through the rules kproxy
+// renders from its model (what it means the kernel to hold) and through
+// the rules the kernel holds, read back.
+type Verification struct {
+	Model Result
+	// Kernel is the kernel's outcome; KernelErr says why there is none
+	// (a rule kproxy does not write on the packet's path, say).
+	Kernel    Result
+	KernelErr error
+	// Notes are the differences seen on the packet's path: chains or
+	// rules missing or added, set elements missing or added, other
+	// proxies' rules.
+	Notes []string
+}
+
+// Agree reports whether the kernel does what kproxy's rules mean to do,
+// with nothing different on the way.
+func (v Verification) Agree() bool {
+	return v.KernelErr == nil && len(v.Notes) == 0 && v.Kernel.String() == v.Model.String()
+}
+
 // failure is what Failf panics with and Explore recovers.
 type failure struct{ err error }
 

@@ -12,19 +12,8 @@ import (
 	"github.com/kproxy/kproxy/internal/trace"
 )
 
-// Verification is one packet traced twice: through the rules render makes
-// of a snapshot (what kproxy means the kernel to hold) and through the
-// rules the kernel holds in the family's table, read back over netlink.
-type Verification struct {
-	Model trace.Result
-	// Kernel is the kernel's outcome; KernelErr says why there is none
-	// (a rule kproxy does not write on the packet's path, say).
-	Kernel    trace.Result
-	KernelErr error
-	// Notes are the differences seen on the packet's path: chains or
-	// rules missing or added, set elements missing or added.
-	Notes []string
-}
+// Verification is trace.Verification.
+type Verification = trace.Verification
 
 // Verify traces p in the table of p's family. isLocal says which
 // addresses are the node's own (fib ... type local).

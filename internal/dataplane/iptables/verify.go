@@ -1,0 +1,131 @@
+package iptables
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/trace"
+)
+
+// Verify traces pkt through the rules render makes of snap (what kproxy
+// means the kernel to hold) and through the nat and filter tables the
+// kernel holds, read with the backend's iptables-save. Of the built-in
+// chains only the jumps into kproxy's chains are followed: other
+// programs' rules (a CNI's, kubelet's) are not kproxy's to verify, and
+// the tracer knows render's vocabulary only. isLocal says which addresses
+// are the node's own.
+func (p *Proxier) Verify(ctx context.Context, snap *model.Snapshot, pkt trace.Packet, isLocal func(netip.Addr) bool) (trace.Verification, error) {
+	fam := model.IPv4
+	if pkt.Dst.Is6() {
+		fam = model.IPv6
+	}
+	var v trace.Verification
+	rs := Render(p.params(), snap.Family(fam), snap.Node)
+	want := newRuleTracer(RestoreText(rs), isLocal)
+	var err error
+	if v.Model, err = want.trace(pkt); err != nil {
+		return v, fmt.Errorf("tracing kproxy's own rules: %w", err)
+	}
+	backend := p.backend
+	if backend == "" {
+		backend = DetectBackend(ctx, p.exec)
+	}
+	var saved strings.Builder
+	for _, table := range []string{tableNAT, tableFilter} {
+		out, err := p.exec.Run(ctx, nil, backend.cmd(fam, "-save"), "-t", table)
+		if err != nil {
+			return v, fmt.Errorf("reading the %s table: %w", table, err)
+		}
+		saved.Write(out)
+	}
+	got := newRuleTracer(saved.String(), isLocal)
+	got.keepJumpsInto(want)
+	v.Kernel, v.KernelErr = got.trace(pkt)
+	v.Notes = chainNotes(want, got)
+	return v, nil
+}
+
+// TraceSaved traces pkt through iptables-save text of the nat and filter
+// tables, following from the built-in chains only the jumps into chains
+// named with prefix (another proxy's rules, say "KUBE-").
+func TraceSaved(text, prefix string, pkt trace.Packet, isLocal func(netip.Addr) bool) (trace.Result, error) {
+	tr := newRuleTracer(text, isLocal)
+	for _, chains := range tr.tables {
+		for name, rules := range chains {
+			if builtin(name) {
+				chains[name] = slices.DeleteFunc(rules, func(r []string) bool { return !strings.HasPrefix(target(r), prefix) })
+			}
+		}
+	}
+	return tr.trace(pkt)
+}
+
+// keepJumpsInto drops from tr's built-in chains the rules that do not
+// jump into a chain of want's.
+func (tr *tracer) keepJumpsInto(want *tracer) {
+	for table, chains := range tr.tables {
+		for name, rules := range chains {
+			if !builtin(name) {
+				continue
+			}
+			chains[name] = slices.DeleteFunc(rules, func(r []string) bool {
+				_, ok := want.tables[table][target(r)]
+				return !ok || builtin(target(r))
+			})
+		}
+	}
+}
+
+// target is a rule's -j or -g target.
+func target(rule []string) string {
+	for i := 0; i+1 < len(rule); i++ {
+		if rule[i] == "-j" || rule[i] == "-g" {
+			return rule[i+1]
+		}
+	}
+	return ""
+}
+
+// chainNotes compares the chains of want (render) with got's (the
+// kernel's): chains missing or added, a different number of rules, and
+// jumps missing from the built-in chains. Rules are compared by count,
+// as iptables-save spells them its own way.
+func chainNotes(want, got *tracer) []string {
+	var out []string
+	for _, table := range []string{tableNAT, tableFilter} {
+		w, g := want.tables[table], got.tables[table]
+		for _, name := range sortedKeys(w) {
+			rules, ok := g[name]
+			switch {
+			case !ok && !builtin(name):
+				out = append(out, fmt.Sprintf("chain %s/%s is missing in the kernel", table, name))
+			case builtin(name):
+				for _, r := range w[name] {
+					if !slices.ContainsFunc(rules, func(k []string) bool { return target(k) == target(r) }) {
+						out = append(out, fmt.Sprintf("chain %s/%s lacks kproxy's jump to %s", table, name, target(r)))
+					}
+				}
+			case len(rules) != len(w[name]):
+				out = append(out, fmt.Sprintf("chain %s/%s: the kernel has %d rules, kproxy writes %d", table, name, len(rules), len(w[name])))
+			}
+		}
+		for _, name := range sortedKeys(g) {
+			if _, ok := w[name]; !ok && isKproxyChain(name) {
+				out = append(out, fmt.Sprintf("chain %s/%s is in the kernel but not in kproxy's rules", table, name))
+			}
+		}
+	}
+	return out
+}
+
+// isKproxyChain: the chains kproxy (and upstream's iptables mode, whose
+// chains kproxy takes over) name.
+func isKproxyChain(name string) bool {
+	return strings.HasPrefix(name, "KUBE-SVC-") || strings.HasPrefix(name, "KUBE-SEP-") ||
+		strings.HasPrefix(name, "KUBE-FW-") || strings.HasPrefix(name, "KUBE-XLB-") ||
+		strings.HasPrefix(name, "KUBE-EXT-") || strings.HasPrefix(name, "KUBE-SVL-")
+}
