@@ -27,6 +27,7 @@ import (
 func newExplainCommand(stdout io.Writer) *cobra.Command {
 	loader := config.NewLoader()
 	var from, to, node, output, debugAddr string
+	var verify bool
 	cmd := &cobra.Command{
 		Use:   "explain --from IP --to IP:PORT[/tcp|udp|sctp] [--node NAME]",
 		Short: "Explain where a new connection to a Service goes on a node, and why",
@@ -37,7 +38,13 @@ probabilities, the ones left out and why, whether it is masqueraded, or that it 
 dropped or rejected. The Services come from the API (--kubeconfig, --master, --config)
 or from --source-file; the node is --node (or --hostname-override, or this host's name).
 The answer is computed from the same model the dataplanes program. Exit status 1 when no
-Service frontend takes the packet, or the request cannot be answered.`,
+Service frontend takes the packet, or the request cannot be answered.
+
+With --verify, run on the node (nftables or iptables mode), the same packet is also traced
+through the rules the kernel holds, read back over netlink (nftables) or with iptables-save,
+and through the rules kproxy renders for the same Services; every difference on the
+packet's path is listed (a rule or element deleted or added by hand, another proxy's
+stale rules, an endpoint the kernel still sends to). Exit status 3 when they differ.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Args:          noArgs,
@@ -48,6 +55,9 @@ Service frontend takes the packet, or the request cannot be answered.`,
 			}
 			if output != "text" && output != "json" {
 				return fmt.Errorf("--output %q: want text or json", output)
+			}
+			if debugAddr != "" && verify {
+				return errors.New("--verify reads the Services itself: leave out --debug-address")
 			}
 			if debugAddr != "" {
 				return explainLive(cmd.Context(), debugAddr, req, stdout, output == "json")
@@ -71,7 +81,7 @@ Service frontend takes the packet, or the request cannot be answered.`,
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			ctx = klog.NewContext(ctx, klog.Background())
-			return daemon.Explain(ctx, opts, req, stdout, output == "json")
+			return daemon.Explain(ctx, opts, req, stdout, output == "json", verify)
 		},
 	}
 	fs := cmd.Flags()
@@ -81,6 +91,7 @@ Service frontend takes the packet, or the request cannot be answered.`,
 	fs.StringVar(&to, "to", "", "The destination, IP:PORT[/tcp|udp|sctp] ([IP]:PORT for IPv6); tcp when left out.")
 	fs.StringVar(&node, "node", "", "The node to explain for (default: --hostname-override, or this host's name).")
 	fs.StringVarP(&output, "output", "o", "text", "Output format: text or json.")
+	fs.BoolVar(&verify, "verify", false, "Also trace the packet through this node's kernel rules and report every difference from kproxy's (exit status 3).")
 	fs.StringVar(&debugAddr, "debug-address", "", "Ask the kproxy running on this node (its --debug-bind-address, e.g. 127.0.0.1:10259) instead: the answer comes from what it last programmed.")
 	return cmd
 }

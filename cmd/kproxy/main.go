@@ -35,6 +35,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cmd.SetOut(stdout)
 	cmd.SetErr(stderr)
 	if err := cmd.Execute(); err != nil {
+		if errors.Is(err, daemon.ErrDisagree) { // explain --verify wrote the report
+			printError(stderr, err)
+			return 3
+		}
 		if !errors.Is(err, daemon.ErrNotProxied) { // explain wrote the answer
 			printError(stderr, err)
 		}

@@ -27,18 +27,22 @@ var (
 // about may have IPVS where the command runs has not). It changes nothing
 // in the kernel. The answer is written to out, as text or JSON; a request
 // no frontend takes is answered and returned as an ErrExplain.
-func Explain(ctx context.Context, o *config.Options, req explain.Request, out io.Writer, asJSON bool) error {
+//
+// With verify, the packet is also traced through the rules this node's
+// kernel holds and through kproxy's rules for the same snapshot (see
+// Report); a difference is returned as ErrDisagree after the report.
+func Explain(ctx context.Context, o *config.Options, req explain.Request, out io.Writer, asJSON, verify bool) error {
 	e := defaultEnv()
 	e.ipvsSupport = nil
 	e.stdout = out
-	return explainWith(ctx, o, e, req, asJSON)
+	return explainWith(ctx, o, e, req, asJSON, verify)
 }
 
 // explainNodeWait bounds the wait for the Node object after the inputs
 // synced: an unknown node is answered after it.
 const explainNodeWait = 10 * time.Second
 
-func explainWith(ctx context.Context, o *config.Options, e env, req explain.Request, asJSON bool) error {
+func explainWith(ctx context.Context, o *config.Options, e env, req explain.Request, asJSON, verify bool) error {
 	d, err := newDaemon(o, e)
 	if err != nil {
 		return err
@@ -69,13 +73,33 @@ func explainWith(ctx context.Context, o *config.Options, e env, req explain.Requ
 	if err != nil {
 		return err
 	}
-	if asJSON {
+	var report *Report
+	if verify {
+		r, err := d.verify(ctx, snap, req, *a)
+		if err != nil {
+			return err
+		}
+		report = &r
+	}
+	switch {
+	case asJSON && report != nil:
+		err = explain.WriteJSONValue(e.stdout, struct {
+			*explain.Answer
+			Verify *Report `json:"verify"`
+		}{a, report})
+	case asJSON:
 		err = explain.WriteJSON(e.stdout, a)
-	} else {
+	default:
 		err = explain.WriteText(e.stdout, a)
+		if err == nil && report != nil {
+			err = writeReport(e.stdout, *report)
+		}
 	}
 	if err != nil {
 		return err
+	}
+	if report != nil && !report.Agree {
+		return ErrDisagree
 	}
 	if a.Verdict == explain.NotProxied {
 		return ErrNotProxied

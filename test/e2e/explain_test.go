@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kproxy/kproxy/internal/daemon"
 	"github.com/kproxy/kproxy/internal/explain"
 	"github.com/kproxy/kproxy/test/testbed/netbed"
 	"github.com/kproxy/kproxy/test/testbed/netbed/echo"
@@ -35,6 +36,13 @@ func (b *fbed) explainOn(t *testing.T, node *netbed.Node, from netip.Addr, r ech
 	args := []string{"explain", "--kubeconfig", nodeKubeconfig(t), "--hostname-override", node.Spec.Name,
 		"--proxy-mode", b.mode, "--cluster-cidr", clusterCIDRs(),
 		"--from", from.String(), "--to", r.Dst.String() + "/" + proto, "--output", "json"}
+	// Every explain in nftables and iptables mode also verifies: the
+	// packet traced through the node's kernel rules must agree with
+	// kproxy's rules (and with the answer) right after traffic went.
+	verify := b.mode != "ipvs" && !isUpstream()
+	if verify {
+		args = append(args, "--verify")
+	}
 	out, err := node.Run(context.Background(), append([]string{kproxyBinary(t)}, args...)...)
 	// Exit status 1 with an answer is "not proxied": the JSON is there.
 	// Log lines on stderr (merged here) are around it.
@@ -42,12 +50,18 @@ func (b *fbed) explainOn(t *testing.T, node *netbed.Node, from netip.Addr, r ech
 	if i, j := strings.Index(out, "{"), strings.LastIndex(out, "}"); i >= 0 && j > i {
 		js = out[i : j+1]
 	}
-	var a explain.Answer
+	var a struct {
+		explain.Answer
+		Verify *daemon.Report `json:"verify"`
+	}
 	if jerr := json.Unmarshal([]byte(js), &a); jerr != nil {
 		t.Fatalf("kproxy %s: %v (%v); output:\n%s", strings.Join(args, " "), err, jerr, out)
 	}
+	if verify && (a.Verify == nil || !a.Verify.Agree) {
+		t.Errorf("explain --verify on %s: the kernel differs: %+v", node.Spec.Name, a.Verify)
+	}
 	t.Logf("explain on %s: %s -> %s/%s: %s (%s)", node.Spec.Name, from, r.Dst, proto, a.Verdict, a.Reason)
-	return &a
+	return &a.Answer
 }
 
 // explainAgrees checks explain's answer for a request that traffic showed

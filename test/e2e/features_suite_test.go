@@ -82,6 +82,8 @@ var featureCases = []fcase{
 	{"FlushRepair", testFlushRepair},
 	// inspect_test.go (kproxy's debug endpoint: kproxy inspect, explain --debug-address)
 	{"Inspect", testInspect},
+	// verify_test.go (explain --verify: hand edits, other proxies' tables)
+	{"Verify", testVerify},
 	// features_iptables_test.go (iptables mode only)
 	{"LocalhostNodePort", testLocalhostNodePort},
 }

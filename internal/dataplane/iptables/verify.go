@@ -24,6 +24,9 @@ func (p *Proxier) Verify(ctx context.Context, snap *model.Snapshot, pkt trace.Pa
 		fam = model.IPv6
 	}
 	var v trace.Verification
+	if x, err := p.sysctl.Get(sysctlTCPBeLiberal); err == nil {
+		p.liberal = x != 0 // as a full sync reads it
+	}
 	rs := Render(p.params(), snap.Family(fam), snap.Node)
 	want := newRuleTracer(RestoreText(rs), isLocal)
 	var err error

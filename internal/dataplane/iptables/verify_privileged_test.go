@@ -87,7 +87,9 @@ func TestPrivilegedVerifyFindsHandEdits(t *testing.T) {
 		t.Fatal(err)
 	}
 	v := verify()
-	if len(v.Kernel.DNAT) != 1 || !slices.ContainsFunc(v.Notes, func(n string) bool { return strings.Contains(n, "nat/"+svc+": the kernel has 2 rules, kproxy writes 3") }) {
+	if len(v.Kernel.DNAT) != 1 || !slices.ContainsFunc(v.Notes, func(n string) bool {
+		return strings.Contains(n, "nat/"+svc+": the kernel has 2 rules, kproxy writes 3")
+	}) {
 		t.Errorf("deleted endpoint rule: kernel %v (%v), model %v, notes %q", v.Kernel, v.KernelErr, v.Model, v.Notes)
 	}
 	if err := p.Sync(ctx, snap, dataplane.SyncRequest{Full: true}); err != nil {

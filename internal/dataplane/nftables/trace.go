@@ -365,7 +365,7 @@ func (tr *tracer) lookup(set, k string) (string, bool) {
 		return v, true
 	}
 	for e, v := range elems {
-		if strings.Contains(e, "/") && contains(e, k) {
+		if strings.ContainsAny(e, "/-") && contains(e, k) {
 			return v, true
 		}
 	}
@@ -377,6 +377,14 @@ func contains(pattern, v string) bool {
 	if p, err := netip.ParsePrefix(pattern); err == nil {
 		a, err := netip.ParseAddr(v)
 		return err == nil && p.Contains(a)
+	}
+	if lo, hi, ok := strings.Cut(pattern, "-"); ok { // an address range read back
+		first, err1 := netip.ParseAddr(lo)
+		last, err2 := netip.ParseAddr(hi)
+		a, err3 := netip.ParseAddr(v)
+		if err1 == nil && err2 == nil && err3 == nil {
+			return a.BitLen() == first.BitLen() && a.Compare(first) >= 0 && a.Compare(last) <= 0
+		}
 	}
 	return pattern == v
 }

@@ -1,14 +1,21 @@
 package nftables
 
 import (
+	"context"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"regexp"
 	"slices"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
+	"sigs.k8s.io/knftables"
+
 	"github.com/kproxy/kproxy/internal/dataplane"
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/nfnl"
 	"github.com/kproxy/kproxy/internal/trace"
 )
 
@@ -98,7 +105,13 @@ func (k *kernelSource) setElements(name string) map[string]string {
 	if s == nil {
 		trace.Failf("rule refers to set %s, which kproxy does not create", name)
 	}
-	el, err := k.nl.elementMap(s)
+	var el map[string]string
+	var err error
+	if slices.Contains(s.Flags, knftables.IntervalFlag) && !s.IsMap {
+		el, err = k.nl.intervalSet(s)
+	} else {
+		el, err = k.nl.elementMap(s)
+	}
 	if isNotFound(err) {
 		el, err = nil, nil
 	}
@@ -146,6 +159,9 @@ func (k *kernelSource) chainNotes(name string) []string {
 		for _, r := range rs {
 			if head, list, ok := strings.Cut(r, " != { "); ok && strings.HasSuffix(list, " } drop") {
 				for _, a := range strings.Split(strings.TrimSuffix(list, " } drop"), ", ") {
+					if p, err := netip.ParsePrefix(a); err == nil && p.IsSingleIP() {
+						a = p.Addr().String() // the kernel compares the address alone
+					}
 					out = append(out, head+" "+a+" return")
 				}
 				out = append(out, "drop")
@@ -202,4 +218,94 @@ func elemText(key, value string) string {
 		return key
 	}
 	return key + " : " + value
+}
+
+// Verify is the package's Verify for the proxier's configuration and
+// table.
+func (p *Proxier) Verify(_ context.Context, snap *model.Snapshot, pkt trace.Packet, isLocal func(netip.Addr) bool) (trace.Verification, error) {
+	return Verify(p.cfg, p.table, snap, pkt, isLocal)
+}
+
+// TableChains returns how many chains the family's table of that name has
+// (in the calling thread's network namespace): 0 when there is no table.
+func TableChains(f model.Family, table string) (int, error) {
+	n := newNetlinkReader(f, table)
+	names, err := nfnl.ChainNames(n.nfproto(), table)
+	if isNotFound(err) {
+		return 0, nil
+	}
+	return len(names), err
+}
+
+// intervalSet reads an interval set of addresses (service-cidrs,
+// nodeport-cidrs) as render writes it: one element per range, a prefix
+// where the range is one ("first-last" otherwise).
+func (n *netlinkReader) intervalSet(s *set) (map[string]string, error) {
+	type edge struct {
+		addr netip.Addr
+		end  bool
+	}
+	var edges []edge
+	err := n.eachElement(s, func(el []byte) {
+		a, ok := netip.AddrFromSlice(attr(attr(el, unix.NFTA_SET_ELEM_KEY), unix.NFTA_DATA_VALUE))
+		if !ok {
+			return
+		}
+		f := attr(el, unix.NFTA_SET_ELEM_FLAGS)
+		edges = append(edges, edge{a, len(f) == 4 && binary.BigEndian.Uint32(f)&unix.NFT_SET_ELEM_INTERVAL_END != 0})
+	})
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(edges, func(a, b edge) int {
+		if c := a.addr.Compare(b.addr); c != 0 {
+			return c
+		}
+		if a.end == b.end {
+			return 0
+		}
+		if a.end {
+			return -1
+		}
+		return 1
+	})
+	out := map[string]string{}
+	for i, e := range edges {
+		if e.end {
+			continue
+		}
+		var last netip.Addr
+		switch {
+		case i+1 < len(edges): // an end, or a start right after this range
+			last = edges[i+1].addr.Prev()
+		default: // to the top of the address space
+			last = lastOf(netip.PrefixFrom(e.addr, 0))
+		}
+		out[rangeText(e.addr, last)] = ""
+	}
+	return out, nil
+}
+
+// rangeText is first/len when [first, last] is a prefix, else first-last.
+func rangeText(first, last netip.Addr) string {
+	for bits := 0; bits <= first.BitLen(); bits++ {
+		p := netip.PrefixFrom(first, bits)
+		if p.Masked().Addr() != first {
+			continue
+		}
+		if lastOf(p) == last {
+			return p.String()
+		}
+	}
+	return first.String() + "-" + last.String()
+}
+
+// lastOf is the last address of a prefix.
+func lastOf(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
 }

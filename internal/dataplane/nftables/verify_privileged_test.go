@@ -54,12 +54,19 @@ func TestPrivilegedVerifyFindsHandEdits(t *testing.T) {
 	n := newTestNet(t)
 	cfg := dptest.Config()
 	cfg.Families = []model.Family{model.IPv4, model.IPv6}
+	cfg.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("198.19.0.0/24"), netip.MustParsePrefix("fd00:19::/112")}
 	snap := featureSnapshot()
 	p, _ := New(cfg)
 	n.sync(p, snap, dataplane.SyncRequest{Full: true})
+	// An address of the Service range no Service has: dropped, in the
+	// interval set read back too.
+	unalloc := dptest.Packet{Src: netip.MustParseAddr("198.18.200.5"), Dst: netip.MustParseAddr("198.19.0.200"), DPort: 80, Proto: "tcp", Iif: "eth0"}
+	if v := verifyIn(t, n, cfg, snap, unalloc); !v.Agree() || v.Kernel.Verdict != "drop" {
+		t.Fatalf("unallocated Service address: kernel %v (%v), model %v, notes %q", v.Kernel, v.KernelErr, v.Model, v.Notes)
+	}
 	pkt := dptest.Packet{Src: netip.MustParseAddr("198.18.200.5"), Dst: netip.MustParseAddr("198.19.0.10"), DPort: 80, Proto: "tcp", Iif: "eth0"}
 	v := verifyIn(t, n, cfg, snap, pkt)
-	if v.KernelErr != nil || len(v.Notes) > 0 || v.Kernel.String() != v.Model.String() || len(v.Model.DNAT) != 3 {
+	if !v.Agree() || len(v.Model.DNAT) != 3 {
 		t.Fatalf("intact table: kernel %v (%v), model %v, notes %q", v.Kernel, v.KernelErr, v.Model, v.Notes)
 	}
 	pkt6 := pkt
@@ -68,7 +75,9 @@ func TestPrivilegedVerifyFindsHandEdits(t *testing.T) {
 		t.Fatalf("intact IPv6 table: kernel %v (%v), model %v, notes %q", v.Kernel, v.KernelErr, v.Model, v.Notes)
 	}
 
-	nft := func(args ...string) { dptest.Run(t, append([]string{"ip", "netns", "exec", n.Node, "nft"}, args...)...) }
+	nft := func(args ...string) {
+		dptest.Run(t, append([]string{"ip", "netns", "exec", n.Node, "nft"}, args...)...)
+	}
 	// The Service's element of the dispatch map, deleted by hand.
 	nft("delete", "element", "ip", DefaultTableName, mapServiceIPs, "{ 198.19.0.10 . tcp . 80 }")
 	v = verifyIn(t, n, cfg, snap, pkt)
