@@ -82,6 +82,8 @@ var featureCases = []fcase{
 	{"FlushRepair", testFlushRepair},
 	// inspect_test.go (kproxy's debug endpoint: kproxy inspect, explain --debug-address)
 	{"Inspect", testInspect},
+	// traffic_metrics_test.go (kproxy's --service-traffic-metrics)
+	{"ServiceTrafficMetrics", testServiceTrafficMetrics},
 	// features_iptables_test.go (iptables mode only)
 	{"LocalhostNodePort", testLocalhostNodePort},
 }
