@@ -115,4 +115,3 @@ func seriesKey(name string, m *dto.Metric) string {
 	}
 	return fmt.Sprintf("%s{namespace=%q,name=%q,port=%q,ip_family=%q}", name, l["namespace"], l["name"], l["port"], l["ip_family"])
 }
-
