@@ -178,9 +178,12 @@ func TestFlags(t *testing.T) {
 }
 
 func TestExtensionAndCommandFlags(t *testing.T) {
-	o := mustLoad(t, "--source-file=/s.yaml", "--dry-run", "--cleanup", "--init-only", "--master=https://198.18.0.1:6443", "--write-config-to=/w.yaml", "--hostname-override=N1")
-	want := []any{"/s.yaml", true, true, true, "https://198.18.0.1:6443", "/w.yaml", "n1"}
-	got := []any{o.SourceFile, o.DryRun, o.CleanupAndExit, o.InitOnly, o.Master, o.WriteConfigTo, o.NodeName}
+	o := mustLoad(t, "--source-file=/s.yaml", "--dry-run", "--cleanup", "--init-only", "--master=https://198.18.0.1:6443", "--write-config-to=/w.yaml", "--hostname-override=N1", "--service-traffic-metrics")
+	want := []any{"/s.yaml", true, true, true, "https://198.18.0.1:6443", "/w.yaml", "n1", true}
+	got := []any{o.SourceFile, o.DryRun, o.CleanupAndExit, o.InitOnly, o.Master, o.WriteConfigTo, o.NodeName, o.ServiceTrafficMetrics}
+	if mustLoad(t).ServiceTrafficMetrics {
+		t.Errorf("--service-traffic-metrics is on by default")
+	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("(-want +got)\n%s", diff)
 	}

@@ -38,6 +38,11 @@ type Options struct {
 	// the debug endpoint that kproxy inspect and explain read serves; ""
 	// (the default) turns it off. A loopback address only.
 	DebugBindAddress string
+	// ServiceTrafficMetrics is --service-traffic-metrics (kproxy
+	// extension): count every Service port's new connections, packets and
+	// bytes in a table of their own and export them as kproxy_service_*
+	// metrics. Off by default; off removes the table at start.
+	ServiceTrafficMetrics bool
 
 	// NodeName is this node's name as upstream computes it: the
 	// hostnameOverride, else the host name, trimmed and lower-cased.

@@ -19,6 +19,8 @@ import (
 
 	"github.com/kproxy/kproxy/internal/config"
 	"github.com/kproxy/kproxy/internal/conntrack"
+	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/traffic"
 )
 
 // Run runs kproxy until ctx is cancelled. It honours o.CleanupAndExit,
@@ -106,6 +108,11 @@ type env struct {
 	// firewallCleanup removes the iptables mode's KUBE-FIREWALL when no
 	// kubelet owns it (firewall.go); nil skips it.
 	firewallCleanup func(ctx context.Context) error
+	// trafficTables builds the Service traffic counter tables
+	// (--service-traffic-metrics); nil runs none.
+	trafficTables func(fams []model.Family, logger klog.Logger) TrafficTables
+	// trafficCleanup removes those tables; nil skips it.
+	trafficCleanup func(fams []model.Family) error
 	// oomScoreAdj sets this process's oom_score_adj; nil skips it.
 	oomScoreAdj func(adj int) error
 	// nodeIPsWait and podCIDRsWait bound the wait for this node's Node object
@@ -134,6 +141,8 @@ func defaultEnv() env {
 		ipvsCleanup:     removeIPVSLeftovers,
 		firewallCleanup: removeFirewallLeftovers,
 		oomScoreAdj:     writeOOMScoreAdj,
+		trafficTables:   newTrafficTables,
+		trafficCleanup:  traffic.Cleanup,
 		nodeIPsWait:     30 * time.Second,
 		podCIDRsWait:    5 * time.Minute,
 		pollInterval:    time.Second,
@@ -163,7 +172,7 @@ func run(ctx context.Context, o *config.Options, e env) error {
 
 // cleanupAll is --cleanup: every backend removes what it (or upstream
 // kube-proxy in that mode) left in the kernel, then upstream ipvs mode's
-// remnants go. Every step runs even when an earlier one failed.
+// remnants and the Service traffic counters go. Every step runs even when an earlier one failed.
 func cleanupAll(ctx context.Context, e env) error {
 	var errs []error
 	for _, mode := range sortedModes(e.dataplanes) {
@@ -177,6 +186,11 @@ func cleanupAll(ctx context.Context, e env) error {
 	if e.ipvsCleanup != nil {
 		if err := e.ipvsCleanup(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("cleaning up ipvs state: %w", err))
+		}
+	}
+	if e.trafficCleanup != nil {
+		if err := e.trafficCleanup(cleanupConfig(e).Families); err != nil {
+			errs = append(errs, fmt.Errorf("cleaning up the Service traffic counters: %w", err))
 		}
 	}
 	return errors.Join(errs...)

@@ -13,6 +13,7 @@ import (
 	"github.com/kproxy/kproxy/internal/config"
 	"github.com/kproxy/kproxy/internal/conntrack"
 	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/model"
 	"github.com/kproxy/kproxy/internal/objects"
 )
 
@@ -64,6 +65,8 @@ func testEnv(inputs InputsFunc, dp *fakeDataplane) env {
 	e.ipvsCleanup = func(context.Context) error { return nil }
 	e.firewallCleanup = func(context.Context) error { return nil }
 	e.oomScoreAdj = func(int) error { return nil }
+	e.trafficCleanup = func([]model.Family) error { return nil }
+	e.trafficTables = nil
 	return e
 }
 

@@ -70,12 +70,17 @@ func (d *daemon) applyOOMScoreAdj(ctx context.Context) {
 // startServers builds the healthz and metrics servers and their observers,
 // and runs the servers.
 func (d *daemon) startServers(ctx context.Context, wg *sync.WaitGroup) error {
+	trafficObs, trafficRead := d.startTraffic(ctx, wg)
 	servers, obs, err := d.env.servers(ServerParams{
 		Options: d.o, NodeName: d.nodeName, Mode: d.mode, Families: d.fams,
 		NodePortAddresses: d.dpCfg.NodePortAddresses, NodeOptional: !d.inputs.NodeExpected,
+		ServiceTraffic: trafficRead,
 	})
 	if err != nil {
 		return fmt.Errorf("setting up servers: %w", err)
+	}
+	if trafficObs != nil {
+		obs = append(obs, trafficObs)
 	}
 	if addr := d.o.DebugBindAddress; addr != "" {
 		s, o := d.debugServer(addr)

@@ -24,6 +24,9 @@ type ServerParams struct {
 	// NodeOptional is true when the source has no cluster (file source):
 	// /healthz then does not require a Node object.
 	NodeOptional bool
+	// ServiceTraffic reads the per-Service traffic counters at scrape
+	// time; nil without --service-traffic-metrics.
+	ServiceTraffic metrics.ServiceTrafficReader
 }
 
 // defaultServers builds the proxy health server, one health-check node port
@@ -32,7 +35,8 @@ type ServerParams struct {
 func defaultServers(p ServerParams) ([]Server, []Observer, error) {
 	cfg := p.Options.Config
 	reg := metrics.NewRegistry()
-	m, err := metrics.New(reg, metrics.Options{Mode: p.Mode, FeatureGate: p.Options.FeatureGate})
+	m, err := metrics.New(reg, metrics.Options{Mode: p.Mode, FeatureGate: p.Options.FeatureGate,
+		ServiceTraffic: p.ServiceTraffic, Logger: klog.Background().WithName("metrics")})
 	if err != nil {
 		return nil, nil, fmt.Errorf("registering metrics: %w", err)
 	}

@@ -9,8 +9,9 @@ import (
 	"testing"
 )
 
-// TestDashboardUsesKnownMetrics: every kubeproxy_* series the Grafana
-// dashboard (deploy/grafana/kproxy.json) queries is one kproxy exports.
+// TestDashboardUsesKnownMetrics: every kubeproxy_* and kproxy_* series the
+// Grafana dashboard (deploy/grafana/kproxy.json) queries is one kproxy
+// exports, and it shows the per-Service traffic.
 func TestDashboardUsesKnownMetrics(t *testing.T) {
 	data, err := os.ReadFile("../../deploy/grafana/kproxy.json")
 	if err != nil {
@@ -28,7 +29,10 @@ func TestDashboardUsesKnownMetrics(t *testing.T) {
 	for _, w := range upstreamMetrics {
 		known[w.name] = true
 	}
-	name := regexp.MustCompile(`kubeproxy_[a-z_]+`)
+	for _, n := range []string{ServiceNewConnections, ServicePackets, ServiceBytes} {
+		known[n] = true
+	}
+	name := regexp.MustCompile(`(kubeproxy|kproxy)_[a-z_]+`)
 	used := 0
 	for _, p := range dash.Panels {
 		if len(p.Targets) == 0 {
@@ -46,6 +50,11 @@ func TestDashboardUsesKnownMetrics(t *testing.T) {
 				}
 			}
 		}
+	}
+	if !slices.ContainsFunc(dash.Panels, func(p panel) bool {
+		return len(p.Targets) > 0 && strings.Contains(p.Targets[0].Expr, ServiceNewConnections)
+	}) {
+		t.Errorf("no panel shows %s", ServiceNewConnections)
 	}
 	if used == 0 || !slices.ContainsFunc(dash.Panels, func(p panel) bool { return strings.Contains(p.Title, "Sync duration") }) {
 		t.Errorf("the dashboard queries no kubeproxy_* metric")

@@ -23,7 +23,11 @@ type Options struct {
 	// kubeproxy_iptables_*_packets_total metrics are registered; when nil they
 	// are not (upstream leaves them out when it cannot open nfacct).
 	NFAcct NFAcctReader
-	// Logger logs failed nfacct reads; the zero value discards.
+	// ServiceTraffic, when set, reads the per-Service traffic counters
+	// (--service-traffic-metrics) at each scrape, for the kproxy_service_*
+	// metrics; when nil they are not registered.
+	ServiceTraffic ServiceTrafficReader
+	// Logger logs failed nfacct and traffic reads; the zero value discards.
 	Logger klog.Logger
 	// FeatureGate, when set, is published as kubernetes_feature_enabled
 	// (one series per known gate), as every Kubernetes component does.
@@ -72,6 +76,11 @@ func New(reg k8smetrics.KubeRegistry, o Options) (*Metrics, error) {
 			if err := reg.CustomRegister(c); err != nil {
 				return nil, fmt.Errorf("registering nfacct metrics: %w", err)
 			}
+		}
+	}
+	if o.ServiceTraffic != nil {
+		if err := reg.CustomRegister(newTrafficCollector(o.ServiceTraffic, o.Logger)); err != nil {
+			return nil, fmt.Errorf("registering Service traffic metrics: %w", err)
 		}
 	}
 	return m, nil

@@ -261,7 +261,7 @@ func (b *migBed) checkRolledBack(mode string, settled bool) {
 func (b *migBed) rollbackProblems(mode string, settled bool) []string {
 	var bad []string
 	for _, t := range b.nftTables() {
-		if strings.HasSuffix(t, " kproxy") || (mode != "nftables" && strings.HasSuffix(t, " kube-proxy")) {
+		if strings.HasSuffix(t, " kproxy") || strings.HasSuffix(t, " kproxy-traffic") || (mode != "nftables" && strings.HasSuffix(t, " kube-proxy")) {
 			bad = append(bad, fmt.Sprintf("nftables table %s is still there with upstream in %s mode", t, mode))
 		}
 	}

@@ -84,6 +84,8 @@ var featureCases = []fcase{
 	{"Inspect", testInspect},
 	// verify_test.go (explain --verify: hand edits, other proxies' tables)
 	{"Verify", testVerify},
+	// traffic_metrics_test.go (kproxy's --service-traffic-metrics)
+	{"ServiceTrafficMetrics", testServiceTrafficMetrics},
 	// features_iptables_test.go (iptables mode only)
 	{"LocalhostNodePort", testLocalhostNodePort},
 }

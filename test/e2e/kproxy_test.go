@@ -111,11 +111,12 @@ func newCluster(t *testing.T, mode string) *cluster {
 }
 
 // kproxyArgs are upstream kube-proxy flags, and for kproxy its debug
-// endpoint (debugAddress, in the node's namespace).
+// endpoint (debugAddress, in the node's namespace) and its Service traffic
+// metrics.
 func (c *cluster) kproxyArgs(t *testing.T, n *netbed.Node) []string {
 	var own []string
 	if !isUpstream() {
-		own = []string{"--debug-bind-address", debugAddress}
+		own = []string{"--debug-bind-address", debugAddress, "--service-traffic-metrics"}
 	}
 	return append([]string{
 		kproxyBinary(t),

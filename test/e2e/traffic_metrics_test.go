@@ -1,0 +1,117 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/kproxy/kproxy/test/testbed/netbed"
+	"github.com/kproxy/kproxy/test/testbed/netbed/echo"
+)
+
+// testServiceTrafficMetrics (kproxy runs with --service-traffic-metrics):
+// N new connections over TCP and UDP, to a ClusterIP from a pod on node1
+// and to node1's NodePort from the client, show up on node1's /metrics as
+// exactly N more kproxy_service_new_connections_total of that port and
+// family in the first scrape after the traffic, with packets and bytes
+// grown by at least two packets of 28+ bytes per connection.
+func testServiceTrafficMetrics(t *testing.T, b *fbed, f family) {
+	kproxyOnly(t, "kproxy's Service traffic metrics")
+	if b.mode == "ipvs" {
+		t.Skip("ipvs mode has no Service traffic metrics")
+	}
+	svc := b.applyService(t, svcName("trafficmetrics", f), v1.ServiceTypeNodePort)
+	on2 := b.podsOn("node2")
+	b.setSlices(t, svc.Name, nil, readyEPs(on2...))
+	node := b.node(0)
+	vip := clusterIP(t, svc, f.v6)
+	client := b.bed.Client()
+	from := b.podsOn("node1")[0].Netns
+	flows := []struct {
+		what string
+		from *netbed.Netns
+		req  echo.Request
+		port string
+	}{
+		{"tcp ClusterIP", from, req(echo.ProtoTCP, vip, 80), "tcp"},
+		{"udp ClusterIP", from, req(echo.ProtoUDP, vip, 80), "udp"},
+		{"tcp NodePort", client, req(echo.ProtoTCP, nodeAddr(node, f), nodePort(t, svc, "tcp")), "tcp"},
+		{"udp NodePort", client, req(echo.ProtoUDP, nodeAddr(node, f), nodePort(t, svc, "udp")), "udp"},
+	}
+	for _, fl := range flows {
+		waitForPods(t, b.exited, fl.from, fl.req, on2...)
+	}
+	key := func(port, metric string) string {
+		return fmt.Sprintf("%s{namespace=%q,name=%q,port=%q,ip_family=%q}", metric, svc.Namespace, svc.Name, port, familyName(f))
+	}
+	var before map[string]float64
+	eventually(t, b.exited, func() error {
+		var err error
+		before, err = scrapeTraffic(node)
+		if err == nil && before[key("udp", "kproxy_service_new_connections_total")] == 0 {
+			err = fmt.Errorf("no counted connection of %s yet", svc.Name)
+		}
+		return err
+	}, "node1 counts %s's connections", svc.Name)
+	const n = 20
+	for _, fl := range flows {
+		if got := burst(fl.from, fl.req, n); len(got.failures) > 0 {
+			t.Fatalf("%s: %s", fl.what, got)
+		}
+	}
+	after, err := scrapeTraffic(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, port := range []string{"tcp", "udp"} {
+		conns := after[key(port, "kproxy_service_new_connections_total")] - before[key(port, "kproxy_service_new_connections_total")]
+		pkts := after[key(port, "kproxy_service_packets_total")] - before[key(port, "kproxy_service_packets_total")]
+		bytes := after[key(port, "kproxy_service_bytes_total")] - before[key(port, "kproxy_service_bytes_total")]
+		t.Logf("%s: +%v new connections, +%v packets, +%v bytes", port, conns, pkts, bytes)
+		if conns != 2*n {
+			t.Errorf("%s: %v new connections counted, sent %d", port, conns, 2*n)
+		}
+		if pkts < 2*2*n || bytes < 28*pkts {
+			t.Errorf("%s: %v packets, %v bytes for %d connections", port, pkts, bytes, 2*n)
+		}
+	}
+}
+
+// scrapeTraffic returns node's kproxy_service_* samples by series.
+func scrapeTraffic(node *netbed.Node) (map[string]float64, error) {
+	code, body, err := node.HTTPGet(context.Background(), "http://127.0.0.1:10249/metrics")
+	if err != nil || code != 200 {
+		return nil, fmt.Errorf("GET /metrics: %d %v", code, err)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for name, mf := range fams {
+		if !strings.HasPrefix(name, "kproxy_service_") {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			out[seriesKey(name, m)] = m.GetCounter().GetValue()
+		}
+	}
+	return out, nil
+}
+
+func seriesKey(name string, m *dto.Metric) string {
+	l := map[string]string{}
+	for _, lp := range m.GetLabel() {
+		l[lp.GetName()] = lp.GetValue()
+	}
+	return fmt.Sprintf("%s{namespace=%q,name=%q,port=%q,ip_family=%q}", name, l["namespace"], l["name"], l["port"], l["ip_family"])
+}
