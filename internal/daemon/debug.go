@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"github.com/kproxy/kproxy/internal/dataplane"
 	"github.com/kproxy/kproxy/internal/explain"
 	"github.com/kproxy/kproxy/internal/inspect"
 	"github.com/kproxy/kproxy/internal/model"
@@ -15,6 +16,9 @@ func (d *daemon) debugServer(addr string) (Server, Observer) {
 	rec := inspect.NewRecorder(d.nodeName, mode, d.fams, func(snap *model.Snapshot, req explain.Request) (*explain.Answer, error) {
 		return explain.Explain(explain.Input{Snapshot: snap, Config: cfg, Mode: mode}, req)
 	})
+	if oc, ok := d.dp.(dataplane.ObjectCounter); ok {
+		rec.CountObjects(oc.PortObjects)
+	}
 	return &inspect.Server{Addr: addr, Recorder: rec}, debugObserver{rec}
 }
 

@@ -56,6 +56,15 @@ type RuleCounter interface {
 	RuleCounts() []RuleCount
 }
 
+// ObjectCounter is a dataplane that can say how many kernel objects it
+// writes for each Service port of a family (kproxy inspect shows them):
+// rules and set or map elements in nftables mode, rules in iptables mode,
+// virtual and real servers in IPVS mode. It renders; it does not read the
+// kernel.
+type ObjectCounter interface {
+	PortObjects(fs *model.FamilySnapshot, node model.NodeInfo) map[model.PortID]int
+}
+
 // RuleCount is one table's rules in one family: owned, and written by the
 // last sync.
 type RuleCount struct {

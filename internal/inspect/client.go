@@ -71,11 +71,11 @@ func WriteTable(w io.Writer, st *State) error {
 	fmt.Fprintf(&b, "\nsyncs %d (failed %d, drift repairs %d); pending: %d Service and %d EndpointSlice changes\n\n",
 		st.Syncs, st.FailedSyncs, st.DriftRepairs, st.PendingServices, st.PendingEndpoints)
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SERVICE\tFAMILY\tPROTO\tFRONTENDS\tENDPOINTS\tCLUSTER\tLOCAL\tPOLICIES")
+	fmt.Fprintln(tw, "SERVICE\tFAMILY\tPROTO\tFRONTENDS\tENDPOINTS\tCLUSTER\tLOCAL\tOBJECTS\tPOLICIES")
 	SortServices(st.Services)
 	for _, s := range st.Services {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Service, s.Family, s.Protocol,
-			strings.Join(s.Frontends, ", "), endpoints(s.Endpoints), count(s.ClusterEndpoints), count(s.LocalEndpoints), dash(s.Policies))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Service, s.Family, s.Protocol,
+			strings.Join(s.Frontends, ", "), endpoints(s.Endpoints), count(s.ClusterEndpoints), count(s.LocalEndpoints), count(s.Objects), dash(s.Policies))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -74,6 +74,9 @@ type Service struct {
 	ClusterEndpoints int    `json:"clusterEndpoints"`
 	LocalEndpoints   int    `json:"localEndpoints"`
 	Policies         string `json:"policies,omitempty"`
+	// Objects is how many kernel objects the dataplane writes for the
+	// port (rules and set elements; -1: the mode does not count them).
+	Objects int `json:"objects"`
 }
 
 // Endpoint is one endpoint with its state.
@@ -99,7 +102,12 @@ type Recorder struct {
 	pendSvc  int
 	pendEps  int
 	explainF ExplainFunc
+	objects  ObjectsFunc
 }
+
+// ObjectsFunc counts the kernel objects a dataplane writes per Service
+// port of a family (dataplane.ObjectCounter).
+type ObjectsFunc func(fs *model.FamilySnapshot, node model.NodeInfo) map[model.PortID]int
 
 // ExplainFunc answers an explain request from a snapshot.
 type ExplainFunc func(snap *model.Snapshot, req explain.Request) (*explain.Answer, error)
@@ -112,6 +120,14 @@ func NewRecorder(node, mode string, fams []model.Family, explainF ExplainFunc) *
 		r.fams = append(r.fams, f.String())
 	}
 	return r
+}
+
+// CountObjects has State count each Service port's kernel objects with f
+// (nil: not counted).
+func (r *Recorder) CountObjects(f ObjectsFunc) {
+	r.mu.Lock()
+	r.objects = f
+	r.mu.Unlock()
 }
 
 // Synced records a sync attempt; snap is nil when it failed.
@@ -147,8 +163,20 @@ func (r *Recorder) State(now time.Time) *State {
 		Services: []Service{}}
 	if r.snap != nil {
 		for _, fs := range []*model.FamilySnapshot{r.snap.V4, r.snap.V6} {
+			if fs == nil {
+				continue
+			}
+			var objects map[model.PortID]int
+			if r.objects != nil && len(fs.Ports) > 0 {
+				objects = r.objects(fs, r.snap.Node)
+			}
 			for _, p := range fs.Ports {
-				st.Services = append(st.Services, service(p))
+				s := service(p)
+				s.Objects = -1
+				if n, ok := objects[p.ID]; ok {
+					s.Objects = n
+				}
+				st.Services = append(st.Services, s)
 			}
 		}
 	}

@@ -54,6 +54,21 @@ func TestRecorderState(t *testing.T) {
 		t.Fatalf("services %+v", st.Services)
 	}
 	s := st.Services[0]
+	if s.Objects != -1 {
+		t.Errorf("objects %d without a counter, want -1", s.Objects)
+	}
+	r.CountObjects(func(fs *model.FamilySnapshot, _ model.NodeInfo) map[model.PortID]int {
+		out := map[model.PortID]int{}
+		for _, p := range fs.Ports {
+			out[p.ID] = 7
+		}
+		return out
+	})
+	st = r.State(at.Add(3 * time.Second))
+	s = st.Services[0]
+	if s.Objects != 7 {
+		t.Errorf("objects %d, want the counter's 7", s.Objects)
+	}
 	if s.Service != "ns/web:http" || strings.Join(s.Frontends, ",") != "198.18.130.1:80,NodePort 30080" ||
 		s.ClusterEndpoints != 1 || s.LocalEndpoints != 1 || s.Policies != "ETP=Local" || len(s.Endpoints) != 2 ||
 		s.Endpoints[1].State != "serving-terminating" || !s.Endpoints[0].Local {
@@ -64,7 +79,7 @@ func TestRecorderState(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"node node1, nftables mode (IPv4)", "full (drift)", "syncs 3 (failed 1, drift repairs 1)",
-		"ns/web:http", "198.18.17.10:8080* 198.18.18.10:8080(serving-terminating)", "ETP=Local"} {
+		"ns/web:http", "198.18.17.10:8080* 198.18.18.10:8080(serving-terminating)", "  7  ", "OBJECTS", "ETP=Local"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())
 		}

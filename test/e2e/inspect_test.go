@@ -76,6 +76,11 @@ func testInspect(t *testing.T, b *fbed, f family) {
 	if !slices.Equal(eps, want) || entry.ClusterEndpoints != len(want) {
 		t.Errorf("inspect endpoints %v (cluster %d), traffic reached %v (%s)", eps, entry.ClusterEndpoints, want, got)
 	}
+	// Objects: the rules and elements the mode writes for the port; IPVS
+	// mode does not count them.
+	if (b.mode == "ipvs") != (entry.Objects < 0) || entry.Objects == 0 {
+		t.Errorf("inspect objects %d in %s mode", entry.Objects, b.mode)
+	}
 	table, err := node.Run(context.Background(), kproxyBinary(t), "inspect", "--address", debugAddress)
 	if err != nil || !strings.Contains(table, name) || !strings.Contains(table, "node node1, "+b.mode+" mode") {
 		t.Errorf("inspect table (err %v) lacks %s:\n%s", err, name, table)

@@ -132,3 +132,22 @@ func isKproxyChain(name string) bool {
 		strings.HasPrefix(name, "KUBE-FW-") || strings.HasPrefix(name, "KUBE-XLB-") ||
 		strings.HasPrefix(name, "KUBE-EXT-") || strings.HasPrefix(name, "KUBE-SVL-")
 }
+
+// PortObjects implements dataplane.ObjectCounter: each port's rules, in
+// its own chains and in the shared ones.
+func (p *Proxier) PortObjects(fs *model.FamilySnapshot, node model.NodeInfo) map[model.PortID]int {
+	p.mu.Lock()
+	params := p.params()
+	p.mu.Unlock()
+	r := newRenderer(params, fs, node)
+	out := make(map[model.PortID]int, len(fs.Ports))
+	for _, sp := range fs.Ports {
+		pr := r.port(sp)
+		n := len(pr.entries)
+		for _, c := range pr.nat {
+			n += len(c.Rules)
+		}
+		out[sp.ID] = n
+	}
+	return out
+}

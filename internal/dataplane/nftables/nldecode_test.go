@@ -83,3 +83,22 @@ func allChains(d *desired) []*chain {
 	}
 	return out
 }
+
+// TestPortObjects counts what render writes for each port of the feature
+// snapshot: its chains' rules and its elements.
+func TestPortObjects(t *testing.T) {
+	p, _ := New(dptest.Config())
+	snap := featureSnapshot()
+	got := p.PortObjects(snap.V4, snap.Node)
+	d := render(dptest.Config(), snap.V4, snap.Node)
+	for _, sp := range snap.V4.Ports {
+		ps := d.Ports[sp.ID]
+		want := len(ps.Elems)
+		for _, c := range ps.Chains {
+			want += len(c.Rules)
+		}
+		if got[sp.ID] != want || want == 0 {
+			t.Errorf("%s: %d objects, render has %d", sp.ID, got[sp.ID], want)
+		}
+	}
+}

@@ -309,3 +309,22 @@ func lastOf(p netip.Prefix) netip.Addr {
 	a, _ := netip.AddrFromSlice(b)
 	return a
 }
+
+// PortObjects implements dataplane.ObjectCounter: each port's rules (of its
+// own chains) and elements (of the shared sets and maps).
+func (p *Proxier) PortObjects(fs *model.FamilySnapshot, node model.NodeInfo) map[model.PortID]int {
+	p.mu.Lock()
+	cfg := p.cfg
+	p.mu.Unlock()
+	r := newRenderer(cfg, fs.Family, node)
+	out := make(map[model.PortID]int, len(fs.Ports))
+	for _, sp := range fs.Ports {
+		ps := r.port(sp)
+		n := len(ps.Elems)
+		for _, c := range ps.Chains {
+			n += len(c.Rules)
+		}
+		out[sp.ID] = n
+	}
+	return out
+}
