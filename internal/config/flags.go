@@ -33,6 +33,7 @@ type Loader struct {
 	ipvsMinSyncPeriod     time.Duration
 	clusterCIDRs          string
 	masqueradeAll         bool
+	iptablesNetlink       bool // --iptables-netlink-writer (kproxy)
 	bootIDFile            string
 	machineIDFile         string
 
@@ -189,5 +190,6 @@ func (l *Loader) addExtensionFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&l.opts.SourceFile, "source-file", "", "[kproxy] Read Services, EndpointSlices and Nodes from this multi-document YAML file instead of the Kubernetes API; the file is re-read when it changes.")
 	fs.BoolVar(&l.opts.DryRun, "dry-run", false, "[kproxy] Print what the proxy mode would program after the first complete sync instead of changing the kernel, then exit.")
 	fs.StringVar(&l.opts.DebugBindAddress, "debug-bind-address", "", "[kproxy] Serve the debug endpoint (kproxy inspect, kproxy explain --debug-address) on this loopback IP:port, e.g. 127.0.0.1:10259; off when empty.")
+	fs.BoolVar(&l.iptablesNetlink, "iptables-netlink-writer", true, "[kproxy] In iptables mode on the nf_tables backend, write rules straight over netlink in iptables-nft's encoding when the installed iptables-nft is a version that writer was proven against and the kernel has every xtables module it uses; false: always iptables-restore.")
 	fs.BoolVar(&l.opts.ServiceTrafficMetrics, "service-traffic-metrics", false, "[kproxy] Count new connections, packets and bytes per Service port (nftables and iptables modes) and export them on the metrics address as kproxy_service_* metrics.")
 }

@@ -56,6 +56,7 @@ func (l *Loader) Load() (*Options, error) {
 		return nil, errors.New("config: Loader.Load called before AddFlags")
 	}
 	o := l.opts
+	o.NoIPTablesNetlink = !l.iptablesNetlink
 	if o.ConfigFile != "" {
 		cfg, warnings, err := l.loadFile()
 		if err != nil {

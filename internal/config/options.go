@@ -43,6 +43,10 @@ type Options struct {
 	// bytes in a table of their own and export them as kproxy_service_*
 	// metrics. Off by default; off removes the table at start.
 	ServiceTrafficMetrics bool
+	// NoIPTablesNetlink is --iptables-netlink-writer=false (kproxy
+	// extension): iptables mode writes through iptables-restore only, even
+	// where its netlink writer would be used.
+	NoIPTablesNetlink bool
 
 	// NodeName is this node's name as upstream computes it: the
 	// hostnameOverride, else the host name, trimmed and lower-cased.

@@ -133,6 +133,7 @@ func (d *daemon) prepare(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	cfg.NoIPTablesNetlink = d.o.NoIPTablesNetlink
 	d.dpCfg = cfg
 	d.cidrs = cfg.ServiceCIDRs
 	if d.dp, err = d.env.dataplanes[d.mode](cfg); err != nil {

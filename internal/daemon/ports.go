@@ -108,6 +108,9 @@ type SyncReport struct {
 	// Rules are the backend's rule counts after a successful sync (iptables
 	// mode; nil for the others).
 	Rules []dataplane.RuleCount
+	// Writer is how the dataplane writes rules, where it has a choice
+	// (iptables mode: "netlink" or "iptables-restore").
+	Writer string
 }
 
 // Observer is told what the sync loop does; the health and metrics servers

@@ -129,6 +129,7 @@ func (o *serverObserver) Synced(r SyncReport) {
 	for _, c := range r.Rules {
 		o.metrics.IPTablesRules(c.Family, c.Table, c.Total, c.LastSync)
 	}
+	o.metrics.IPTablesWriter(r.Writer)
 	for _, c := range r.Conntrack {
 		if !c.Skipped {
 			o.metrics.ConntrackReconciled(c.Family, c.Duration, c.Deleted)

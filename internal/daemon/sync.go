@@ -40,6 +40,9 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 	if rc, ok := d.dp.(dataplane.RuleCounter); ok {
 		report.Rules = rc.RuleCounts()
 	}
+	if w, ok := d.dp.(interface{ Writer() string }); ok {
+		report.Writer = w.Writer()
+	}
 	report.Conntrack = d.cleaner.Clean(ctx, d.prev, snap, req.Full)
 	ctDone := d.env.clock.Now()
 	d.prev = snap

@@ -113,6 +113,9 @@ type Config struct {
 	// not answered on 127.0.0.0/8 (iptables mode, IPv4 only). The zero value
 	// keeps upstream's default (answered).
 	NoLocalhostNodePorts bool
+	// NoIPTablesNetlink turns iptables mode's netlink writer off: rules
+	// always go through iptables-restore (--iptables-netlink-writer=false).
+	NoIPTablesNetlink bool
 	// ServiceCIDRs are the cluster's service IP ranges (from ServiceCIDR
 	// objects), both families mixed. Traffic to an address in them that is
 	// not an allocated ClusterIP is dropped, as upstream does. Empty: no rule.

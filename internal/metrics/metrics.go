@@ -102,6 +102,7 @@ type set struct {
 	iptPartialRestoreFailures *k8smetrics.CounterVec
 	iptRulesTotal             *k8smetrics.GaugeVec
 	iptRulesLast              *k8smetrics.GaugeVec
+	iptWriter                 *k8smetrics.GaugeVec
 	nftSyncFailures           *k8smetrics.CounterVec
 	nftCleanupFailures        *k8smetrics.CounterVec
 
@@ -129,8 +130,11 @@ func newSet() *set {
 		iptPartialRestoreFailures: counterVec("sync_proxy_rules_iptables_partial_restore_failures_total", "Cumulative proxy iptables partial restore failures", labelFamily),
 		iptRulesTotal:             gaugeVec("sync_proxy_rules_iptables_total", "Total number of iptables rules owned by kube-proxy", labelTable, labelFamily),
 		iptRulesLast:              gaugeVec("sync_proxy_rules_iptables_last", "Number of iptables rules written by kube-proxy in last sync", labelTable, labelFamily),
-		nftSyncFailures:           counterVec("sync_proxy_rules_nftables_sync_failures_total", "Cumulative proxy nftables sync failures", labelFamily),
-		nftCleanupFailures:        counterVec("sync_proxy_rules_nftables_cleanup_failures_total", "Cumulative proxy nftables cleanup failures", labelFamily),
+		// kproxy's own (no kubeproxy_ prefix): 1 for the writer in use.
+		iptWriter: k8smetrics.NewGaugeVec(&k8smetrics.GaugeOpts{Name: IPTablesWriter, StabilityLevel: k8smetrics.ALPHA,
+			Help: "How iptables mode writes rules: 1 for the writer in use (netlink, in iptables-nft's encoding, or iptables-restore)"}, []string{"writer"}),
+		nftSyncFailures:    counterVec("sync_proxy_rules_nftables_sync_failures_total", "Cumulative proxy nftables sync failures", labelFamily),
+		nftCleanupFailures: counterVec("sync_proxy_rules_nftables_cleanup_failures_total", "Cumulative proxy nftables cleanup failures", labelFamily),
 
 		conntrackLatency: histogramVec("conntrack_reconciler_sync_duration_seconds", "ReconcileConntrackFlowsLatency latency in seconds", syncBuckets(), labelFamily),
 		conntrackDeleted: counterVec("conntrack_reconciler_deleted_entries_total", "Cumulative conntrack flows deleted by conntrack reconciler", labelFamily),
@@ -152,7 +156,7 @@ func (s *set) forMode(mode string) []k8smetrics.Registerable {
 	case ModeIPTables:
 		return []k8smetrics.Registerable{
 			s.syncFullLatency, s.syncPartialLatency,
-			s.iptRestoreFailures, s.iptPartialRestoreFailures, s.iptRulesTotal, s.iptRulesLast,
+			s.iptRestoreFailures, s.iptPartialRestoreFailures, s.iptRulesTotal, s.iptRulesLast, s.iptWriter,
 			s.conntrackLatency, s.conntrackDeleted,
 		}
 	case ModeIPVS:

@@ -64,6 +64,8 @@ var upstreamMetrics = []wantMetric{
 	{"kubeproxy_conntrack_reconciler_deleted_entries_total", counterT, "Cumulative conntrack flows deleted by conntrack reconciler", fam, 0, ctModes},
 	{"kubeproxy_iptables_ct_state_invalid_dropped_packets_total", counterT, "packets dropped by iptables to work around conntrack problems", nil, 0, onlyIPT},
 	{"kubeproxy_iptables_localhost_nodeports_accepted_packets_total", counterT, "Number of packets accepted on nodeports of loopback interface", nil, 0, onlyIPT},
+	// kproxy's own.
+	{"kproxy_iptables_writer", gaugeT, "How iptables mode writes rules: 1 for the writer in use (netlink, in iptables-nft's encoding, or iptables-restore)", []string{"writer"}, 0, onlyIPT},
 }
 
 // touchAll calls every recording method, so that every vector has a child
@@ -84,6 +86,7 @@ func touchAll(m *Metrics) {
 		m.IPTablesPartialRestoreFailed(f)
 		m.IPTablesRules(f, "nat", 10, 5)
 	}
+	m.IPTablesWriter("netlink")
 	m.ServiceChanged(1)
 	m.EndpointsChanged(1)
 	m.HealthzRequest(200)
@@ -245,5 +248,24 @@ func TestNFAcctReadFailureLeavesSampleOut(t *testing.T) {
 	mf := fams["kubeproxy_iptables_localhost_nodeports_accepted_packets_total"]
 	if mf == nil || mf.GetMetric()[0].GetCounter().GetValue() != 42 {
 		t.Errorf("localhost nodeports counter = %v", mf)
+	}
+}
+
+// TestIPTablesWriter: the writer in use is 1, the other 0.
+func TestIPTablesWriter(t *testing.T) {
+	reg := NewRegistry()
+	m, err := New(reg, Options{Mode: ModeIPTables})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.IPTablesWriter("netlink")
+	m.IPTablesWriter("iptables-restore")
+	fams := scrape(t, NewServer(ServerConfig{Gatherer: reg}))
+	got := map[string]float64{}
+	for _, s := range fams[IPTablesWriter].GetMetric() {
+		got[s.GetLabel()[0].GetValue()] = s.GetGauge().GetValue()
+	}
+	if got["iptables-restore"] != 1 || got["netlink"] != 0 || len(got) != 2 {
+		t.Fatalf("%s = %v", IPTablesWriter, got)
 	}
 }

@@ -238,6 +238,21 @@ func (m *Metrics) IPTablesPartialRestoreFailed(f model.Family) {
 
 // IPTablesRules sets, for one table ("filter", "nat") of family f, the
 // number of rules kproxy owns and the number written in the last sync.
+// IPTablesWriter records how iptables mode writes rules
+// (kproxy_iptables_writer{writer}: 1 for it, 0 for the other).
+func (m *Metrics) IPTablesWriter(writer string) {
+	if m == nil || writer == "" {
+		return
+	}
+	for _, w := range []string{"netlink", "iptables-restore"} {
+		v := 0.0
+		if w == writer {
+			v = 1
+		}
+		m.s.iptWriter.WithLabelValues(w).Set(v)
+	}
+}
+
 func (m *Metrics) IPTablesRules(f model.Family, table string, total, lastSync int) {
 	if m == nil {
 		return

@@ -13,6 +13,9 @@ const (
 	ServiceBytes          = "kproxy_service_bytes_total"
 )
 
+// IPTablesWriter is how iptables mode writes rules (a kproxy metric).
+const IPTablesWriter = "kproxy_iptables_writer"
+
 // ServiceTraffic is what one Service port counted in one IP family.
 type ServiceTraffic struct {
 	Namespace, Name, Port, Family  string

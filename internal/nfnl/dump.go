@@ -158,10 +158,44 @@ func EachAttr(b []byte, fn func(typ uint16, data []byte)) {
 // (syscall.Errno: ENOENT for a missing object).
 func Get(fam byte, typ uint16, attrs func(b *Batch)) ([]byte, error) {
 	// nf_tables answers GET<object> with NEW<object>, numbered one below.
-	reply := uint16(subsysNFTables<<8 | (typ - 1))
+	return request(Message(typ, 0, fam, attrs), uint16(subsysNFTables<<8|(typ-1)))
+}
+
+// subsysCompat is nfnetlink's xtables compatibility subsystem
+// (NFNL_SUBSYS_NFT_COMPAT), whose one request asks whether the kernel has
+// a match or target at a revision.
+const subsysCompat = 11
+
+// CompatSupported reports whether the kernel can run the xtables match
+// (target false) or target of that name and revision in a rule of the
+// family, as nf_tables' compat expressions do: the kernel loads the
+// module if it can. An error reply means no; other failures are errors.
+func CompatSupported(fam byte, name string, rev uint32, target bool) (bool, error) {
+	const compatGet = 0 // NFNL_MSG_COMPAT_GET, answered with the same type
+	b := &Batch{buf: make([]byte, 0, 128), fam: fam, seq: requestSeq}
+	start := b.header(subsysCompat<<8|compatGet, unix.NLM_F_REQUEST, fam)
+	b.AttrStr(1, name) // NFTA_COMPAT_NAME
+	b.AttrBE32(2, rev) // NFTA_COMPAT_REV
+	typ := uint32(0)   // NFTA_COMPAT_TYPE: 0 match, 1 target
+	if target {
+		typ = 1
+	}
+	b.AttrBE32(3, typ)
+	b.Finish(start)
+	_, err := request(b.buf, subsysCompat<<8|compatGet)
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// request sends msg and returns the attributes of its reply of type reply,
+// or the errno of an error reply.
+func request(msg []byte, reply uint16) ([]byte, error) {
 	var out []byte
 	err := withSocket(func(fd int) (bool, error) {
-		if err := unix.Sendto(fd, Message(typ, 0, fam, attrs), 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		if err := unix.Sendto(fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 			return false, fmt.Errorf("sending a netlink request: %w", err)
 		}
 		// One object's reply (a chain, the generation) is small: this runs

@@ -357,6 +357,11 @@ func testHealthAndMetrics(t *testing.T, c *cluster) {
 			// Upstream's iptables mode reports the rules it owns per table.
 			want = append(want, `kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv4",table="nat"}`,
 				`kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv4",table="filter"}`)
+			if !isUpstream() {
+				// The testbed's iptables-nft (Debian's 1.8.9) is a version
+				// the netlink writer is proven against.
+				want = append(want, `kproxy_iptables_writer{writer="netlink"} 1`)
+			}
 		}
 		eventually(t, c.exited, func() error {
 			code, body, err := n.HTTPGet(ctx, "http://127.0.0.1:10249/metrics")

@@ -113,10 +113,20 @@ func (p *Proxier) restore(ctx context.Context, fam model.Family, ws ...*tableWri
 	return err
 }
 
-// netlinkRunner tells whether writes go over netlink, and how to reach the
-// namespace the iptables programs work in.
+// netlinkRunner tells whether writes go over netlink (chooseWriter), and
+// how to reach the namespace the iptables programs work in.
 func (p *Proxier) netlinkRunner() (nsRunner, bool) {
-	if !p.netlink || p.backend != BackendNFT {
+	if p.writer != WriterNetlink {
+		return nil, false
+	}
+	return p.nsReader()
+}
+
+// nsReader tells whether chain names can be read over netlink (the
+// nf_tables backend, whatever writes the rules), and how to reach the
+// namespace.
+func (p *Proxier) nsReader() (nsRunner, bool) {
+	if p.backend != BackendNFT {
 		return nil, false
 	}
 	run, ok := p.exec.(nsRunner)
@@ -186,7 +196,7 @@ func (p *Proxier) save(ctx context.Context, fam model.Family, table string) (*sa
 // the whole ruleset, whatever table it is asked for: at 10k Services × 10
 // endpoints ~3 s per call, most of a restart's reading.
 func (p *Proxier) readTable(ctx context.Context, fam model.Family, table string, rulesOf func(chain string) bool) (*savedTable, error) {
-	run, ok := p.netlinkRunner()
+	run, ok := p.nsReader()
 	if !ok {
 		return p.save(ctx, fam, table)
 	}

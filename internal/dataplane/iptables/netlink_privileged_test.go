@@ -25,7 +25,7 @@ func TestPrivilegedNetlinkMatchesIPTables(t *testing.T) {
 			for i, viaNetlink := range []bool{false, true} {
 				l := dptest.NewLab(t, labPrefix)
 				ex := NetnsExec{Namespace: l.Node}
-				opts := append([]Option{WithExec(ex), WithSysctl(ExecSysctl{Exec: ex}), WithBackend(BackendNFT), WithNetlink(viaNetlink)}, tc.opts...)
+				opts := append([]Option{WithExec(ex), WithSysctl(ExecSysctl{Exec: ex}), WithBackend(BackendNFT), WithNetlink(viaNetlink), WithUnprovenNetlink()}, tc.opts...)
 				p, err := New(tc.cfg, opts...)
 				if err != nil {
 					t.Fatal(err)

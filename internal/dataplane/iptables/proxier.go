@@ -27,6 +27,14 @@ type Proxier struct {
 	localhost bool
 	backend   Backend // "" until detected
 	netlink   bool    // write over netlink on nf_tables (default true)
+	unproven  bool    // ... whatever iptables-nft's version (WithUnprovenNetlink)
+	// writer is how rules are written (WriterNetlink, WriterRestore), and
+	// writerWhy why not over netlink; chosen at the first sync.
+	writer, writerWhy string
+	writerChosen      bool
+	// compat asks the kernel for an xtables module (nil:
+	// nfnl.CompatSupported; tests fake it).
+	compat func(fam byte, name string, rev uint32, target bool) (bool, error)
 	// writes counts the transactions written over netlink and with
 	// iptables-restore (tests read it).
 	writes struct{ netlink, restore atomic.Int64 }
@@ -65,6 +73,10 @@ func WithLocalhostNodePorts(on bool) Option { return func(p *Proxier) { p.localh
 // over netlink (default true) or always through iptables-restore.
 func WithNetlink(on bool) Option { return func(p *Proxier) { p.netlink = on } }
 
+// WithUnprovenNetlink lets the netlink writer run with an iptables-nft
+// version it was not proven against (to prove one: writer.go).
+func WithUnprovenNetlink() Option { return func(p *Proxier) { p.unproven = true } }
+
 // New returns an iptables dataplane for cfg. It has no side effects: the
 // kernel is first touched by Sync, Drifted or Cleanup.
 func New(cfg dataplane.Config, opts ...Option) (*Proxier, error) {
@@ -74,7 +86,7 @@ func New(cfg dataplane.Config, opts ...Option) (*Proxier, error) {
 	if len(cfg.Families) == 0 {
 		cfg.Families = []model.Family{model.IPv4}
 	}
-	p := &Proxier{cfg: cfg, exec: OSExec{}, sysctl: ProcSysctl{}, localhost: !cfg.NoLocalhostNodePorts, netlink: true, fams: map[model.Family]*famState{}}
+	p := &Proxier{cfg: cfg, exec: OSExec{}, sysctl: ProcSysctl{}, localhost: !cfg.NoLocalhostNodePorts, netlink: !cfg.NoIPTablesNetlink, fams: map[model.Family]*famState{}}
 	for _, o := range opts {
 		o(p)
 	}
@@ -98,6 +110,9 @@ func (p *Proxier) Sync(ctx context.Context, snap *model.Snapshot, req dataplane.
 		if err := cleanupBackend(ctx, p.exec, p.backend.other(), true); err != nil {
 			klog.FromContext(ctx).Error(err, "Could not remove rules from the other iptables backend", "backend", p.backend.other())
 		}
+	}
+	if !p.writerChosen {
+		p.chooseWriter(ctx)
 	}
 	var errs []error
 	for _, f := range p.cfg.Families {
