@@ -86,6 +86,9 @@ func run(o options) error {
 	return nil
 }
 
+// debugAddr is kproxy's debug endpoint in the node (kproxy inspect).
+const debugAddr = "127.0.0.1:10259"
+
 func sandboxLayout() netbed.Layout {
 	l := netbed.DefaultLayout()
 	l.Nodes = l.Nodes[:1]
@@ -119,7 +122,7 @@ func demo(ctx context.Context, bed *netbed.Bed, o options) error {
 	if err := sendAll(ctx, bed, pods[0], o.requests); err != nil {
 		return err
 	}
-	printRules(ctx, node, o.mode)
+	printRules(ctx, node, o, pods[0])
 	if !kp.Running() {
 		return fmt.Errorf("kproxy exited: %v", kp.ExitErr())
 	}
@@ -139,7 +142,8 @@ func startKproxy(node *netbed.Node, o options) (*netbed.Process, error) {
 		"--hostname-override", nodeName,
 		"--cluster-cidr", netbed.ClusterCIDR4.String() + "," + netbed.ClusterCIDR6.String(),
 		"--healthz-bind-address", netip.AddrPortFrom(node.Spec.IP4, 10256).String(),
-		"--metrics-bind-address", "127.0.0.1:10249", "--conntrack-max-per-core", "0", "--v", "2"}
+		"--metrics-bind-address", "127.0.0.1:10249", "--debug-bind-address", debugAddr,
+		"--conntrack-max-per-core", "0", "--v", "2"}
 	fmt.Printf("== starting kproxy in %s:\n  %s\n", node.Name, strings.Join(args, " "))
 	return node.Start("kproxy", args...)
 }
@@ -211,17 +215,96 @@ func histogram(counts map[string]int, fails int) string {
 	return b.String()
 }
 
-func printRules(ctx context.Context, node *netbed.Node, mode string) {
-	fmt.Printf("== ruleset programmed in %s (%s)\n", node.Name, mode)
+// printRules writes the ruleset kproxy programmed to a file, prints what
+// it holds in one line, then what kproxy itself says about it: `kproxy
+// inspect` (Services, frontends, endpoints, the kernel objects of each)
+// and `kproxy explain --verify` for the pod's request to the ClusterIP.
+func printRules(ctx context.Context, node *netbed.Node, o options, pod *netbed.Pod) {
+	fmt.Printf("== ruleset programmed in %s (%s)\n", node.Name, o.mode)
 	var out string
 	var err error
-	if mode == "iptables" {
+	if o.mode == "iptables" {
 		out, err = node.IptablesSave(ctx, false)
 	} else {
 		out, err = node.Run(ctx, "nft", "list", "ruleset")
 	}
 	if err != nil {
 		fmt.Println("  cannot list:", err)
+		return
 	}
-	fmt.Print(out)
+	file, err := filepath.Abs(filepath.Join(filepath.Dir(o.kproxy), "demo-ruleset-"+o.mode+".txt"))
+	if err == nil {
+		err = os.WriteFile(file, []byte(out), 0o644)
+	}
+	if err != nil {
+		fmt.Println("  cannot write the listing:", err)
+	}
+	fmt.Printf("  %s; the full listing is in %s\n", countRules(out, o.mode), file)
+	bin, _ := filepath.Abs(o.kproxy)
+	fmt.Printf("== kproxy inspect (its debug endpoint, %s)\n", debugAddr)
+	if out, err := node.Run(ctx, bin, "inspect", "--address", debugAddr); err != nil {
+		fmt.Println("  ", err)
+	} else {
+		fmt.Print(indent(out))
+	}
+	src, _ := filepath.Abs(o.source)
+	args := []string{bin, "explain", "--source-file", src, "--proxy-mode", o.mode, "--hostname-override", nodeName,
+		"--cluster-cidr", netbed.ClusterCIDR4.String() + "," + netbed.ClusterCIDR6.String(),
+		"--from", pod.IP4.String(), "--to", netip.AddrPortFrom(clusterIP4, 80).String() + "/udp", "--verify"}
+	fmt.Printf("== kproxy explain --verify: %s -> %s/udp, traced through kproxy's rules and the kernel's\n", pod.PodName, netip.AddrPortFrom(clusterIP4, 80))
+	out, err = node.Run(ctx, args...)
+	fmt.Print(indent(out))
+	if err != nil {
+		fmt.Println("  ", err)
+	}
+}
+
+// countRules sums up a listing: tables, chains, rules, and sets or maps
+// with and without elements (nft), or chains and rules (iptables-save).
+func countRules(listing, mode string) string {
+	var tables, chains, rules, sets, empty int
+	inSet, hasElems := false, false
+	for _, line := range strings.Split(listing, "\n") {
+		t := strings.TrimSpace(line)
+		switch {
+		case mode == "iptables" && strings.HasPrefix(t, "*"):
+			tables++
+		case mode == "iptables" && strings.HasPrefix(t, ":"):
+			chains++
+		case mode == "iptables" && strings.HasPrefix(t, "-A "):
+			rules++
+		case mode == "iptables":
+		case strings.HasPrefix(t, "table "):
+			tables++
+		case strings.HasPrefix(t, "chain "):
+			chains++
+		case strings.HasPrefix(t, "set ") || strings.HasPrefix(t, "map "):
+			sets++
+			inSet, hasElems = true, false
+		case inSet && strings.HasPrefix(t, "elements = "):
+			hasElems = true
+		case inSet && t == "}":
+			if !hasElems {
+				empty++
+			}
+			inSet = false
+		case t != "" && t != "}" && !strings.HasPrefix(t, "type ") && !strings.HasPrefix(t, "comment ") &&
+			!strings.HasPrefix(t, "policy ") && !strings.HasSuffix(t, "{"):
+			if !inSet {
+				rules++
+			}
+		}
+	}
+	if mode == "iptables" {
+		return fmt.Sprintf("%d tables, %d chains, %d rules", tables, chains, rules)
+	}
+	return fmt.Sprintf("%d tables, %d chains, %d rules, %d sets and maps (%d of them empty)", tables, chains, rules, sets, empty)
+}
+
+func indent(s string) string {
+	var b strings.Builder
+	for _, line := range strings.Split(strings.TrimRight(s, "\n"), "\n") {
+		b.WriteString("  " + line + "\n")
+	}
+	return b.String()
 }
