@@ -5,11 +5,9 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/netip"
 	"os"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,30 +20,9 @@ import (
 	"github.com/kproxy/kproxy/internal/objects"
 )
 
-// scaleSnapshot has n Services with eps endpoints each; every fourth has a
-// NodePort. Cluster IPs are in 198.19.0.0/16 (and beyond for n > 65k).
-func scaleSnapshot(n, eps int) *model.Snapshot {
-	ports := make([]*model.ServicePort, 0, n)
-	for i := 0; i < n; i++ {
-		ip := netip.AddrFrom4([4]byte{198, 19, byte(i >> 8), byte(i)})
-		var list []*model.Endpoint
-		for j := 0; j < eps; j++ {
-			k := i*eps + j
-			a := 0xC6120000 + uint32(1024+k) // 198.18.4.0 onwards, inside 198.18.0.0/15
-			ip := netip.AddrFrom4([4]byte{byte(a >> 24), byte(a >> 16), byte(a >> 8), byte(a)})
-			list = append(list, dptest.EP(ip.String(), 8080, false))
-		}
-		opts := []dptest.SvcOpt{dptest.WithEPs(list...)}
-		if i%4 == 0 {
-			opts = append(opts, dptest.WithNodePort(uint16(30000+i/4%2768)))
-		}
-		if i%10 == 1 && os.Getenv("KPROXY_SCALE_AFFINITY") != "" {
-			opts = append(opts, dptest.WithAffinity(10800))
-		}
-		ports = append(ports, dptest.Svc("scale", "svc-"+strconv.Itoa(i), ip.String(), 80, opts...))
-	}
-	return dptest.Snapshot(ports...)
-}
+// scaleSnapshot is the scale tests' shape, shared with every dataplane
+// (dptest.ScaleSnapshot).
+func scaleSnapshot(n, eps int) *model.Snapshot { return dptest.ScaleSnapshot(n, eps) }
 
 func BenchmarkRender10k(b *testing.B) {
 	snap := scaleSnapshot(10000, 10)
@@ -137,26 +114,19 @@ func BenchmarkPartialSync10k(b *testing.B) {
 // latency of single-Service partial syncs, the drift check and the rate of
 // new connections through one Service, at 10, 1k and 10k Services × 10
 // endpoints, per backend. Opt-in: KPROXY_SCALE=1 (it takes minutes);
-// KPROXY_SCALE_N (e.g. "10,10000") and KPROXY_SCALE_BACKENDS ("nft")
+// KPROXY_SCALE_SIZES (e.g. "10,10000") and KPROXY_SCALE_BACKENDS ("nft")
 // narrow it; KPROXY_SCALE_AFFINITY=1 gives every tenth Service ClientIP
 // affinity, as the scale benchmark does.
 func TestPrivilegedScale(t *testing.T) {
 	if os.Getenv("KPROXY_SCALE") == "" {
 		t.Skip("set KPROXY_SCALE=1 to measure iptables at scale")
 	}
-	sizes, backends := "10,1000,10000", "nft,legacy"
-	if v := os.Getenv("KPROXY_SCALE_N"); v != "" {
-		sizes = v
-	}
+	backends := "nft,legacy"
 	if v := os.Getenv("KPROXY_SCALE_BACKENDS"); v != "" {
 		backends = v
 	}
 	for _, b := range strings.Split(backends, ",") {
-		for _, ns := range strings.Split(sizes, ",") {
-			n, err := strconv.Atoi(ns)
-			if err != nil {
-				t.Fatal(err)
-			}
+		for _, n := range dptest.ScaleSizes(t, "10,1000,10000") {
 			t.Run(fmt.Sprintf("%s/%d", b, n), func(t *testing.T) { measureScale(t, Backend(b), n) })
 		}
 	}

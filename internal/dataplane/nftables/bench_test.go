@@ -23,28 +23,9 @@ import (
 	"github.com/kproxy/kproxy/internal/objects"
 )
 
-// scaleSnapshot has n ClusterIP Services with eps endpoints each, every
-// tenth also a NodePort. Addresses: Services in 198.19.0.0/16, endpoints in
-// 198.18.64.0/18.
-func scaleSnapshot(n, eps int) *model.Snapshot {
-	ports := make([]*model.ServicePort, 0, n)
-	for i := range n {
-		var list []*model.Endpoint
-		for j := range eps {
-			k := i*eps + j
-			list = append(list, dptest.EP(fmt.Sprintf("198.18.%d.%d", 64+(k>>8)%64, k&255), 8080, false))
-		}
-		opts := []func(*model.ServicePort){dptest.WithEPs(list...)}
-		if i%10 == 0 {
-			opts = append(opts, dptest.WithNodePort(uint16(30000+i/10)))
-		}
-		if i%10 == 1 && os.Getenv("KPROXY_SCALE_AFFINITY") != "" {
-			opts = append(opts, dptest.WithAffinity(10800))
-		}
-		ports = append(ports, dptest.Svc("ns", fmt.Sprintf("svc-%05d", i), fmt.Sprintf("198.19.%d.%d", i>>8, i&255), 80, opts...))
-	}
-	return dptest.Snapshot(ports...)
-}
+// scaleSnapshot is the scale tests' shape, shared with every dataplane
+// (dptest.ScaleSnapshot).
+func scaleSnapshot(n, eps int) *model.Snapshot { return dptest.ScaleSnapshot(n, eps) }
 
 // withChangedEndpoint returns snap with Service i's endpoints replaced by a
 // new (version-numbered) list; every other port is shared.
@@ -145,18 +126,7 @@ func TestPrivilegedScale(t *testing.T) {
 	if os.Getenv("KPROXY_SCALE") == "" {
 		t.Skip("set KPROXY_SCALE=1 to measure cold load and single-change latency")
 	}
-	sizes := []int{1000, 10000}
-	if env := os.Getenv("KPROXY_SCALE_SIZES"); env != "" {
-		sizes = nil
-		for _, f := range strings.Split(env, ",") {
-			n, err := strconv.Atoi(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sizes = append(sizes, n)
-		}
-	}
-	for _, n := range sizes {
+	for _, n := range dptest.ScaleSizes(t, "1000,10000") {
 		t.Run(fmt.Sprint(n), func(t *testing.T) { scaleRun(t, n) })
 	}
 }
