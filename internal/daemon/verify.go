@@ -66,6 +66,9 @@ func (d *daemon) verify(ctx context.Context, snap *model.Snapshot, req explain.R
 	if err != nil {
 		return r, err
 	}
+	if v.KernelErr == nil {
+		v.Notes = append(v.Notes, endpointNotes(v.Model, v.Kernel)...)
+	}
 	v.Notes = append(v.Notes, answerNotes(a, v.Model)...)
 	v.Notes = append(v.Notes, otherProxies(ctx, d.mode, pkt, isLocal)...)
 	r.Model, r.Kernel, r.Notes, r.Agree = resultText(v.Model), resultText(v.Kernel), v.Notes, v.Agree()
@@ -84,6 +87,23 @@ func resultText(r trace.Result) string {
 		s += ", masqueraded"
 	}
 	return s
+}
+
+// endpointNotes names the endpoints the kernel sends to that kproxy's
+// rules do not (a stale endpoint), and those it no longer sends to.
+func endpointNotes(model, kernel trace.Result) []string {
+	var out []string
+	for _, e := range kernel.DNAT {
+		if !slices.Contains(model.DNAT, e) {
+			out = append(out, "the kernel still sends to "+e+", which is not an endpoint in kproxy's rules")
+		}
+	}
+	for _, e := range model.DNAT {
+		if !slices.Contains(kernel.DNAT, e) {
+			out = append(out, "the kernel does not send to "+e+", an endpoint in kproxy's rules")
+		}
+	}
+	return out
 }
 
 // answerNotes compares the model's answer with the trace of kproxy's own
