@@ -91,8 +91,9 @@ func Failf(format string, args ...any) {
 }
 
 // maxBranches bounds the exploration: kproxy's rules branch once per
-// endpoint (and once for affinity), so real rule sets stay far below it.
-const maxBranches = 1000
+// endpoint (and once for affinity), so a Service port with N endpoints
+// takes about N runs.
+const maxBranches = 100_000
 
 // Explore runs p through run once per branch, that is per combination of
 // the answers of Choose, and merges the outcomes: the verdict (every

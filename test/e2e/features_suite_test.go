@@ -86,6 +86,8 @@ var featureCases = []fcase{
 	{"Verify", testVerify},
 	// traffic_metrics_test.go (kproxy's --service-traffic-metrics)
 	{"ServiceTrafficMetrics", testServiceTrafficMetrics},
+	// features_oddinput_test.go (odd objects through the API server)
+	{"OddInput", testOddInput},
 	// features_iptables_test.go (iptables mode only)
 	{"LocalhostNodePort", testLocalhostNodePort},
 }
