@@ -44,8 +44,8 @@ type NetlinkTable struct {
 // NewNetlinkTable returns a Table over netlink in the current network
 // namespace. It opens its socket when first used, and keeps it: closing a
 // netfilter netlink socket right after a ruleset commit makes the kernel
-// wait for an RCU grace period (~12-15 ms here), which every sync paid
-// while the cleaner opened a socket per call.
+// wait for an RCU grace period (~12-15 ms here), which a socket per call
+// would add to every sync.
 func NewNetlinkTable() *NetlinkTable { return &NetlinkTable{} }
 
 // NewNetlinkTableWith returns a Table using h, e.g. a handle opened in

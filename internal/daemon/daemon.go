@@ -32,7 +32,7 @@ func Run(ctx context.Context, o *config.Options) error {
 // defaultMemoryLimit is the floor of the Go runtime's soft memory limit when
 // GOMEMLIMIT is not set. It is applied only after a sync, once the live heap
 // is known: a limit below the live heap during the first sync makes the
-// collector run continuously (measured: half the CPU of a 10k cold start).
+// collector run continuously (half the CPU of a 10k cold start, 2b945f5).
 const defaultMemoryLimit = 128 << 20
 
 var ownMemoryLimit = os.Getenv("GOMEMLIMIT") == ""
@@ -40,17 +40,15 @@ var ownMemoryLimit = os.Getenv("GOMEMLIMIT") == ""
 // coldGCPercent is the collector's pace until the first sync is done (when
 // GOGC and GOMEMLIMIT are not set): the list decoding and the first sync
 // allocate several times the live state, and GOGC=100 would let the heap
-// reach twice that peak. Afterwards the soft limit governs. Measured at 10k
-// Services x 10 (make bench-scale, nftables): GOGC=100 peak RSS 268 MiB,
-// cold start 3.3 s, 3.7 CPU-s; 50: 233 MiB, 3.3 s, 4.4 CPU-s; 25: 211
-// MiB, 3.7 s, 4.6 CPU-s. Again with streamed lists (3b942dc, one run
-// each): 100: 283 MiB, 3.3 s; 50: 232 MiB, 2.6 s. In this VM a freshly
-// touched 4 KiB page costs ~10-30 us (faults), so the extra heap of a
-// higher GOGC costs time as well as memory; a forced GC before the first
-// sync did not help either (3.4 s, same peak). At 56e9363, with less live
-// heap (10k: ~87 MB at the sync's last collection), batches of three
-// cold-start-only runs: 50: peak 147 (145-149) MiB, 1.95 s; 40: 144
-// (142-144) MiB, 1.68 s.
+// reach twice that peak. Afterwards the soft limit governs. A freshly
+// touched page costs a fault, so the extra heap of a higher GOGC costs time
+// as well as memory; a much lower one makes the collector's CPU the cost.
+// 40 gave a lower peak RSS and a faster 10k cold start than 50 (25,
+// measured on older code, was slower than both).
+// Measure with the cold-start-only bench (test/bench/README.md):
+// KPROXY_BENCH=1 BENCH_SERVICES=10000 BENCH_MODE=nftables BENCH_PROXY=kproxy
+// BENCH_RUNS=3 BENCH_IDLE=0 BENCH_CHANGES=0, once per value of this constant.
+// The figures behind the choice: docs/history.md, "Cold-start GC pace".
 const coldGCPercent = 40
 
 var ownGCPercent = os.Getenv("GOGC") == "" && ownMemoryLimit

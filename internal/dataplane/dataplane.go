@@ -1,5 +1,5 @@
 // Package dataplane defines the contract between the runner and the kernel
-// backends (nftables, iptables, later ipvs). A backend renders a model.Snapshot
+// backends (nftables, iptables, ipvs). A backend renders a model.Snapshot
 // into kernel state with a pure function and applies only the difference.
 package dataplane
 

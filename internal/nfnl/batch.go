@@ -291,8 +291,8 @@ func (e *Error) Error() string {
 
 func (e *Error) Unwrap() error { return e.Errno }
 
-// Send closes the batch, sends it on a new socket in the calling thread's
-// network namespace and waits for the kernel's verdict: nil, or the
+// Send closes the batch, sends it on a kept socket of the calling thread's
+// network namespace (WithSocket; a new one only when none is idle) and waits for the kernel's verdict: nil, or the
 // errors of the messages it rejected (then nothing of the batch applied).
 // The batch cannot be used afterwards: its chunks go back to its pool.
 func (b *Batch) Send() error { return b.SendFrom(nil) }

@@ -1,7 +1,12 @@
-// Package iptables is kproxy's iptables dataplane (--proxy-mode iptables).
-// It renders a model.Snapshot into upstream kube-proxy's chain layout with a
-// pure function and applies it with iptables-restore --noflush, rewriting
-// only the chains that changed.
+// Package iptables is kproxy's iptables dataplane (--proxy-mode iptables,
+// the default mode). It renders a model.Snapshot into upstream kube-proxy's
+// chain layout with a pure function and writes only the chains that
+// changed: on the nf_tables backend as nf_tables netlink transactions
+// encoded as iptables-nft would (netlink.go; on where writer.go finds it
+// safe: a proven iptables-nft version and kernel support),
+// on the legacy backend, for missing jumps from built-in chains, and for
+// what netlink.go does not translate (rule deletions), with
+// iptables-restore --noflush.
 package iptables
 
 import (
@@ -100,7 +105,11 @@ func (p *Proxier) params() Params {
 	return Params{Config: p.cfg, LocalhostNodePorts: p.localhost, ConntrackLiberal: p.liberal}
 }
 
-// Sync implements dataplane.Dataplane: per family, one iptables-restore run.
+// Sync implements dataplane.Dataplane: per family, a full sync (the first,
+// after a failure, on a Node change or when req.Full) or a partial one of
+// the changed Services' chains. Writes go over netlink or through
+// iptables-restore as restore (apply.go) decides; a failed family makes
+// its next sync full.
 func (p *Proxier) Sync(ctx context.Context, snap *model.Snapshot, req dataplane.SyncRequest) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -92,9 +92,10 @@ type kernel interface {
 // NFTFactory opens the knftables interface of one family's table.
 type NFTFactory func(family knftables.Family, table string) (knftables.Interface, error)
 
-// knftKernel implements kernel with a knftables.Interface: the fake in
-// tests (WithNFT), or the nft CLI if a caller passes knftables.New. The
-// default real kernel is nlKernel (netlink only).
+// knftKernel implements kernel with a knftables.Interface. It is used only
+// when a caller passes WithNFT, which only tests do (with knftables.NewFake);
+// the daemon always programs the kernel through nlKernel (netlink only, no
+// nft binary).
 type knftKernel struct {
 	nft knftables.Interface
 }

@@ -17,8 +17,10 @@ import (
 )
 
 // errNoNetlink means a transaction holds something the netlink path does
-// not translate; the caller then uses the nft CLI. Every rule and object
-// render produces translates, so this is a safety net, not a normal path.
+// not translate. There is no fallback: nlKernel fails the transaction, so
+// the sync fails and the next one is full. Every rule and object render
+// produces translates (nl_test.go checks every op of every feature), so
+// this names a bug, not a normal path.
 var errNoNetlink = errors.New("not translatable to netlink")
 
 // nlTxn translates the ops of one transaction into an nlBatch.

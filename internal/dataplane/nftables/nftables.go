@@ -1,4 +1,5 @@
-// Package nftables is kproxy's default dataplane: it renders a model.Snapshot
+// Package nftables is kproxy's nftables dataplane (--proxy-mode nftables;
+// the default mode is iptables, as upstream's): it renders a model.Snapshot
 // into one nftables table per IP family and keeps the kernel in step with it
 // by sending only the difference, in one transaction per family.
 package nftables

@@ -46,8 +46,8 @@ func be32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
 
 func be64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 
-// send sends the batch on a new socket in the calling thread's network
-// namespace and waits for the kernel's verdict, telling the monitor the
+// send sends the batch on a kept socket of the calling thread's network
+// namespace (nfnl.WithSocket) and waits for the kernel's verdict, telling the monitor the
 // socket's port (its notifications are kproxy's own).
 func (b *nlBatch) send() error { return b.SendFrom(recordOwnPort) }
 
