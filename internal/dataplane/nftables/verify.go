@@ -123,10 +123,41 @@ func (k *kernelSource) setElements(name string) map[string]string {
 	return el
 }
 
-// slotRef is the part of a rule that names where a policy chain's
-// endpoints are kept; it depends on the order in which Services came, so
-// a fresh render and a long-running kproxy may differ there only.
-var slotRef = regexp.MustCompile(`offset \d+ map @endpoint-ranges-\S+`)
+// A running kproxy and a fresh render may name the same thing
+// differently: where a policy chain's endpoints are kept (its block in an
+// endpoint-ranges map, which depends on the order in which Services came)
+// shows in the DNAT rule, in the policy chain's name (…/INDEX) and so in
+// the content hash of every port chain name that leads to it. Differences
+// are looked for after normalising those parts away.
+var (
+	slotRef   = regexp.MustCompile(`offset \d+ map @endpoint-ranges-\S+`)
+	portChain = regexp.MustCompile(`\b([a-z]+)-[A-Z2-7]{10}-(\S+)`)
+	blockIdx  = regexp.MustCompile(`^((?:svc|loc)-\*-.+)/\d+$`)
+)
+
+// normalized is s (a rule, an element's value, a chain name) with the
+// parts that depend on a kproxy's history replaced by "*".
+func normalized(s string) string {
+	s = slotRef.ReplaceAllString(s, "offset * map @endpoint-ranges-*")
+	return portChain.ReplaceAllStringFunc(s, func(name string) string {
+		return blockIdx.ReplaceAllString(portChain.ReplaceAllString(name, "$1-*-$2"), "$1/*")
+	})
+}
+
+// wantChain finds the render's chain for a kernel chain name, also under
+// another history's name.
+func (k *kernelSource) wantChain(name string) ([]string, bool) {
+	if rules, ok := k.want.chainRules(name); ok {
+		return rules, true
+	}
+	n := normalized(name)
+	for wname, c := range k.want.chains {
+		if isPortObject(wname) && normalized(wname) == n {
+			return c.Rules, true
+		}
+	}
+	return nil, false
+}
 
 // notes compares what the trace read with the render: chains missing in
 // the kernel, rules missing or added in a visited chain, and the elements
@@ -147,7 +178,7 @@ func (k *kernelSource) notes() []string {
 
 func (k *kernelSource) chainNotes(name string) []string {
 	got := k.chains[name]
-	want, ok := k.want.chainRules(name)
+	want, ok := k.wantChain(name)
 	switch {
 	case !ok:
 		return []string{fmt.Sprintf("chain %s is in the kernel but not in kproxy's rules", name)}
@@ -167,7 +198,7 @@ func (k *kernelSource) chainNotes(name string) []string {
 				out = append(out, "drop")
 				continue
 			}
-			out = append(out, slotRef.ReplaceAllString(r, "offset * map @endpoint-ranges-*"))
+			out = append(out, normalized(r))
 		}
 		return out
 	}
@@ -189,8 +220,17 @@ func (k *kernelSource) chainNotes(name string) []string {
 	return out
 }
 
-// elemNotes lists up to five elements missing and five added.
+// elemNotes lists up to five elements missing and five added (values
+// compared normalized).
 func elemNotes(set string, want, got map[string]string) []string {
+	norm := func(m map[string]string) map[string]string {
+		out := make(map[string]string, len(m))
+		for k, v := range m {
+			out[k] = normalized(v)
+		}
+		return out
+	}
+	want, got = norm(want), norm(got)
 	var out []string
 	diff := func(a, b map[string]string, format string) {
 		var keys []string

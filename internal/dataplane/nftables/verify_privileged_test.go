@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -118,4 +119,31 @@ func ruleHandle(t *testing.T, n *testNet, chain, text string) string {
 	}
 	t.Fatalf("no rule %q in %s:\n%s", text, chain, out)
 	return ""
+}
+
+// TestPrivilegedVerifyAfterHistory: a running kproxy's names depend on
+// the order Services came in (a policy chain's block); Verify, which
+// renders afresh, still finds the kernel agreeing.
+func TestPrivilegedVerifyAfterHistory(t *testing.T) {
+	n := newTestNet(t)
+	cfg := dptest.Config()
+	p, _ := New(cfg)
+	// b's policy chain shares a's endpoint-ranges map, after a's block:
+	// once a is gone, a fresh render gives b the first block.
+	bName := ""
+	for i := 0; bName == ""; i++ {
+		if name := fmt.Sprintf("b%d", i); shardOf("svc ns/"+name+"/tcp/p", "tcp") == shardOf("svc ns/a/tcp/p", "tcp") {
+			bName = name
+		}
+	}
+	a := dptest.Svc("ns", "a", "198.19.0.10", 80, dptest.WithEPs(dptest.EP("198.18.64.10", 8080, true)))
+	b := dptest.Svc("ns", bName, "198.19.0.11", 80, dptest.WithEPs(dptest.EP("198.18.64.11", 8080, true), dptest.EP("198.18.65.10", 8080, false)))
+	n.sync(p, dptest.Snapshot(a, b), dataplane.SyncRequest{Full: true})
+	b2 := dptest.Svc("ns", bName, "198.19.0.11", 80, dptest.WithEPs(dptest.EP("198.18.64.11", 8080, true)))
+	snap := dptest.Snapshot(b2)
+	n.sync(p, snap, dataplane.SyncRequest{Full: true})
+	pkt := dptest.Packet{Src: netip.MustParseAddr("198.18.200.5"), Dst: netip.MustParseAddr("198.19.0.11"), DPort: 80, Proto: "tcp", Iif: "eth0"}
+	if v := verifyIn(t, n, cfg, snap, pkt); !v.Agree() || len(v.Kernel.DNAT) != 1 {
+		t.Fatalf("kernel %v (%v), model %v, notes %q", v.Kernel, v.KernelErr, v.Model, v.Notes)
+	}
 }
