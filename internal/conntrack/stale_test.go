@@ -27,9 +27,7 @@ func svc(name string, proto model.Protocol, clusterIP string, port, nodePort uin
 
 func fam(ports ...*model.ServicePort) *model.FamilySnapshot {
 	f := &model.FamilySnapshot{Family: model.IPv4}
-	for _, p := range ports {
-		f.Ports = append(f.Ports, p)
-	}
+	f.Ports = append(f.Ports, ports...)
 	return f
 }
 

@@ -209,7 +209,7 @@ func (r *runBed) measureDataplane(p params, f *figures, suffix string) {
 		f.set("fp_p50_us_"+suffix, us(percentile(lat, 0.5)))
 		f.set("fp_p99_us_"+suffix, us(percentile(lat, 0.99)))
 	}
-	rate, err := r.prober.connectRate(dst, 16, p.dpSeconds)
+	rate, err := r.prober.connectRate(dst, 16, p.dpLength)
 	if err != nil {
 		f.note("connection rate (%s): %v", suffix, err)
 	}

@@ -27,7 +27,7 @@ type params struct {
 	stormBound  time.Duration // BENCH_STORM_TIMEOUT: bound of the whole change storm
 	changeBound time.Duration // BENCH_CHANGE_TIMEOUT: bound of one change
 	changeGap   time.Duration // BENCH_CHANGE_GAP_MS: pause after each change is seen
-	dpSeconds   time.Duration // BENCH_DP_SECONDS: connection-rate measurement length
+	dpLength    time.Duration // BENCH_DP_SECONDS: connection-rate measurement length
 	results     string        // BENCH_RESULTS: JSON store of every configuration's figures
 	doc         string        // BENCH_DOC: markdown file with the generated tables ("" = none)
 	command     string        // BENCH_COMMAND: the command line, for the document
@@ -67,7 +67,7 @@ func loadParams() (params, error) {
 		// Longer than the default minSyncPeriod (1 s): each change reaches an
 		// idle proxy, so the figure is the proxy's latency, not its rate limit.
 		changeGap:   time.Duration(num("BENCH_CHANGE_GAP_MS", 1100)) * time.Millisecond,
-		dpSeconds:   secs("BENCH_DP_SECONDS", 10),
+		dpLength:    secs("BENCH_DP_SECONDS", 10),
 		results:     envOr("BENCH_RESULTS", repoPath("test/bench/results/results.json")),
 		doc:         docPath(),
 		command:     os.Getenv("BENCH_COMMAND"),

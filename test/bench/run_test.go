@@ -4,7 +4,6 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -212,9 +211,6 @@ func (r *runBed) waitKernel(ctx context.Context, c config, want map[netip.Addr]b
 	}
 	return time.Time{}, fmt.Errorf("%d of %d Service IPs in the kernel (last error: %v)", got, len(want), err)
 }
-
-// errDNF marks a phase that did not finish within its bound.
-var errDNF = errors.New("did not finish")
 
 // kubeconfigFor writes the node-side kubeconfig (kproxy user, API server at
 // the bed's root-namespace address).

@@ -263,11 +263,6 @@ func deref[T any](p *T) T {
 	return *p
 }
 
-// encodeKey is the inverse of decodeKey.
-func encodeKey(fields, key []string) ([]byte, error) {
-	return appendKey(nil, fields, strings.Join(key, fieldSep))
-}
-
 // appendKey appends the encoding of text, fields joined by " . ", to out.
 func appendKey(out []byte, fields []string, text string) ([]byte, error) {
 	rest, more := text, true

@@ -85,11 +85,13 @@ func openMonitor() (*monitorHandle, error) {
 	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, monitorBufBytes) != nil {
 		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, monitorBufBytes)
 	}
-	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err == nil {
-		err = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_ADD_MEMBERSHIP, unix.NFNLGRP_NFTABLES)
-	} else {
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("binding nftables monitor socket: %w", err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_ADD_MEMBERSHIP, unix.NFNLGRP_NFTABLES); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("joining the nftables monitor group: %w", err)
 	}
 	h := &monitorHandle{m: &monitor{fd: fd, buf: make([]byte, 64<<10)}}
 	runtime.AddCleanup(h, func(fd int) { unix.Close(fd) }, fd)

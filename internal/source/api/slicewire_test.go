@@ -37,7 +37,7 @@ func fullSlice() *discoveryv1.EndpointSlice {
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: "web", UID: "s-1", Controller: ptr.To(true)}},
 			Finalizers:      []string{"f"},
 			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kube-controller-manager", Operation: metav1.ManagedFieldsOperationUpdate,
-				APIVersion: "discovery.k8s.io/v1", FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:endpoints":{}}`)}}},
+				APIVersion: "discovery.k8s.io/v1", FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(`{"f:endpoints":{}}`)}},
 		},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints: []discoveryv1.Endpoint{
@@ -162,7 +162,8 @@ func TestDecodeSliceWireErrors(t *testing.T) {
 		}
 	}
 	// A known field with the wrong wire type: addressType (4) as a varint.
-	if _, err := decodeSliceWire([]byte{4<<3 | 0, 1}); err == nil {
+	const varint = 0 // wire type
+	if _, err := decodeSliceWire([]byte{4<<3 | varint, 1}); err == nil {
 		t.Error("addressType as a varint decoded without error")
 	}
 }
