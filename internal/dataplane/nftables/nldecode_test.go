@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"fmt"
 	"net/netip"
 	"reflect"
 	"testing"
@@ -101,4 +102,78 @@ func TestPortObjects(t *testing.T) {
 			t.Errorf("%s: %d objects, render has %d", sp.ID, got[sp.ID], want)
 		}
 	}
+}
+
+// FuzzRenderDecode renders Services shaped by the fuzzer (protocol,
+// endpoints local or not and terminating or not, NodePort, LoadBalancer
+// with source ranges, external IPs, traffic policies, affinity), in both
+// families and two configurations: every rule translates to netlink
+// expressions and decodes back to expressions that translate the same.
+func FuzzRenderDecode(f *testing.F) {
+	f.Add(uint8(3), uint8(2), uint16(0xffff), uint32(1))
+	f.Add(uint8(1), uint8(0), uint16(0), uint32(7))
+	f.Add(uint8(5), uint8(9), uint16(0x0f0f), uint32(42))
+	f.Fuzz(func(t *testing.T, services, eps uint8, flags uint16, seed uint32) {
+		var ports []*model.ServicePort
+		for i := range int(services % 8) {
+			bit := func(n int) bool { return flags>>((n+i)%16)&1 == 1 }
+			var list []*model.Endpoint
+			for j := range int(eps % 12) {
+				ep := dptest.EP(fmt.Sprintf("198.18.%d.%d", 64+i, 10+j), 8080, (seed>>j)&1 == 1)
+				list = append(list, ep)
+			}
+			opts := []dptest.SvcOpt{dptest.WithEPs(list...)}
+			if bit(0) {
+				opts = append(opts, dptest.WithNodePort(uint16(30000+i)))
+			}
+			if bit(1) {
+				opts = append(opts, dptest.WithLB(fmt.Sprintf("198.18.1.%d", 10+i)), dptest.WithSourceRanges("198.18.200.0/24", fmt.Sprintf("198.18.9.%d/32", i)))
+			}
+			if bit(2) {
+				opts = append(opts, dptest.WithExternalIPs(fmt.Sprintf("198.18.2.%d", 10+i)))
+			}
+			if bit(3) {
+				opts = append(opts, dptest.WithETPLocal)
+			}
+			if bit(4) {
+				opts = append(opts, dptest.WithITPLocal)
+			}
+			if bit(5) {
+				opts = append(opts, dptest.WithAffinity(int32(60+i)))
+			}
+			switch seed % 3 {
+			case 1:
+				opts = append(opts, dptest.WithProto(model.UDP))
+			case 2:
+				opts = append(opts, dptest.WithProto(model.SCTP))
+			}
+			ports = append(ports, dptest.Svc("ns", fmt.Sprintf("s%d", i), fmt.Sprintf("198.19.0.%d", 10+i), uint16(80+i), opts...))
+		}
+		snap := dptest.Snapshot(ports...)
+		masqAll := dptest.Config()
+		masqAll.MasqueradeAll = true
+		for _, cfg := range []dataplane.Config{dptest.Config(), masqAll} {
+			for _, fam := range []model.Family{model.IPv4, model.IPv6} {
+				n := newNetlinkReader(fam, DefaultTableName)
+				d := render(cfg, snap.Family(fam), snap.Node)
+				for _, c := range allChains(d) {
+					for _, text := range c.Rules {
+						pieces, err := n.ruleExprs(text)
+						if err != nil {
+							t.Fatalf("%s: %q does not translate: %v", c.Name, text, err)
+						}
+						for _, exprs := range pieces {
+							got, err := n.decodeRule(exprs)
+							if err != nil {
+								t.Fatalf("%s: %q: %v", c.Name, text, err)
+							}
+							if again, err := n.oneRule(got); err != nil || !reflect.DeepEqual(again, exprs) {
+								t.Fatalf("%s: %q decodes as %q, which translates differently (%v)", c.Name, text, got, err)
+							}
+						}
+					}
+				}
+			}
+		}
+	})
 }
