@@ -20,8 +20,9 @@ import (
 	"github.com/kproxy/kproxy/internal/trace"
 )
 
-// ErrDisagree: explain --verify found the kernel doing something else than
-// kproxy's rules mean to do; the report is written. kproxy exits 3.
+// ErrDisagree is returned when explain --verify found the kernel doing
+// something else than kproxy's rules mean to do; the report is written.
+// kproxy exits 3.
 var ErrDisagree = errors.New("explain --verify: the kernel and kproxy's rules differ")
 
 // verifier is a dataplane that can trace a packet through the rules it

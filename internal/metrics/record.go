@@ -236,8 +236,6 @@ func (m *Metrics) IPTablesPartialRestoreFailed(f model.Family) {
 	m.s.iptPartialRestoreFailures.WithLabelValues(f.String()).Inc()
 }
 
-// IPTablesRules sets, for one table ("filter", "nat") of family f, the
-// number of rules kproxy owns and the number written in the last sync.
 // IPTablesWriter records how iptables mode writes rules
 // (kproxy_iptables_writer{writer}: 1 for it, 0 for the other).
 func (m *Metrics) IPTablesWriter(writer string) {
@@ -253,6 +251,8 @@ func (m *Metrics) IPTablesWriter(writer string) {
 	}
 }
 
+// IPTablesRules sets, for one table ("filter", "nat") of family f, the
+// number of rules kproxy owns and the number written in the last sync.
 func (m *Metrics) IPTablesRules(f model.Family, table string, total, lastSync int) {
 	if m == nil {
 		return

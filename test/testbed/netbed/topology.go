@@ -274,7 +274,7 @@ type PodPorts struct {
 	TCP, UDP, SCTP []int
 }
 
-// DefaultPodPorts: 8080 for every protocol.
+// DefaultPodPorts is 8080 for every protocol.
 var DefaultPodPorts = PodPorts{TCP: []int{8080}, UDP: []int{8080}, SCTP: []int{8080}}
 
 // AddPod creates pod name on node, with the next free addresses of the
