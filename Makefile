@@ -95,10 +95,9 @@ bench-smoke: build testbed-deps
 		BENCH_RESULTS=$(abspath $(BIN))/bench-smoke.json BENCH_DOC=$(abspath $(BIN))/bench-smoke.md BENCH_COMMAND="make bench-smoke" \
 		$(GO) test -tags e2e -run TestScale -count=1 -v -timeout 10m ./test/bench/
 
-# lint: gofmt, go vet, staticcheck (pinned; fetched from the module proxy;
-# every check, staticcheck.conf)
-# on first use), both with and without the e2e build tag, and the file-size
-# limit of hack/filesize.sh.
+# lint: gofmt, go vet, staticcheck (pinned, fetched from the module proxy on
+# first use; every check, see staticcheck.conf), both with and without the
+# e2e build tag, and the file-size limit of hack/filesize.sh.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
