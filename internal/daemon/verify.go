@@ -16,6 +16,7 @@ import (
 	"github.com/kproxy/kproxy/internal/dataplane/iptables"
 	"github.com/kproxy/kproxy/internal/dataplane/nftables"
 	"github.com/kproxy/kproxy/internal/explain"
+	"github.com/kproxy/kproxy/internal/health"
 	"github.com/kproxy/kproxy/internal/model"
 	"github.com/kproxy/kproxy/internal/trace"
 )
@@ -29,6 +30,13 @@ var ErrDisagree = errors.New("explain --verify: the kernel and kproxy's rules di
 // renders and through the kernel's.
 type verifier interface {
 	Verify(ctx context.Context, snap *model.Snapshot, pkt trace.Packet, isLocal func(netip.Addr) bool) (trace.Verification, error)
+}
+
+// VerifiedAnswer is what explain --verify -o json prints: the answer's
+// fields and the report under "verify".
+type VerifiedAnswer struct {
+	*explain.Answer
+	Verify *Report `json:"verify"`
 }
 
 // Report is what explain --verify adds to the answer.
@@ -52,7 +60,7 @@ func (d *daemon) verify(ctx context.Context, snap *model.Snapshot, req explain.R
 		return r, fmt.Errorf("%w: --verify reads nftables and iptables rules; %s mode is not supported", ErrExplain, d.mode)
 	}
 	d.handServiceCIDRs(ctx, snap) // as the running daemon hands them before a sync
-	local, err := localAddrs()
+	local, err := health.InterfaceAddrs()
 	if err != nil {
 		return r, err
 	}
@@ -139,10 +147,7 @@ func answerNotes(a explain.Answer, m trace.Result) []string {
 // what they do to the packet.
 func otherProxies(ctx context.Context, mode string, pkt trace.Packet, isLocal func(netip.Addr) bool) []string {
 	var out []string
-	fam := model.IPv4
-	if pkt.Dst.Is6() {
-		fam = model.IPv6
-	}
+	fam := model.FamilyOf(pkt.Dst)
 	if mode == ModeNFTables {
 		base := "iptables"
 		if fam == model.IPv6 {
@@ -188,21 +193,6 @@ func nftFamilyName(f model.Family) string {
 		return "ip6"
 	}
 	return "ip"
-}
-
-// localAddrs are the addresses of this network namespace's interfaces.
-func localAddrs() ([]netip.Addr, error) {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil, err
-	}
-	var out []netip.Addr
-	for _, a := range addrs {
-		if p, err := netip.ParsePrefix(a.String()); err == nil {
-			out = append(out, p.Addr().Unmap())
-		}
-	}
-	return out, nil
 }
 
 // inputInterface is the interface a packet from src comes in on: the one

@@ -71,8 +71,8 @@ func unspecified(f model.Family) netip.Addr {
 	return netip.IPv4Unspecified()
 }
 
-// interfaceAddrs lists the addresses of the host's interfaces.
-func interfaceAddrs() ([]netip.Addr, error) {
+// InterfaceAddrs lists the addresses of the host's interfaces.
+func InterfaceAddrs() ([]netip.Addr, error) {
 	ifAddrs, err := net.InterfaceAddrs()
 	if err != nil {
 		return nil, err

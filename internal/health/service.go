@@ -79,7 +79,7 @@ func NewServiceHealthServer(cfg ServiceConfig) *ServiceHealthServer {
 		cfg.Listen = defaultListen
 	}
 	if cfg.InterfaceAddrs == nil {
-		cfg.InterfaceAddrs = interfaceAddrs
+		cfg.InterfaceAddrs = InterfaceAddrs
 	}
 	logger := cfg.Logger
 	if logger.GetSink() == nil {

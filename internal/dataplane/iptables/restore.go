@@ -119,11 +119,13 @@ func parseSave(out string) *savedTable {
 }
 
 // ruleTarget returns the -j or -g target of a rule.
-func ruleTarget(rule string) string {
-	toks := splitArgs(rule)
-	for i := 0; i+1 < len(toks); i++ {
-		if toks[i] == "-j" || toks[i] == "-g" || toks[i] == "--jump" || toks[i] == "--goto" {
-			return toks[i+1]
+func ruleTarget(rule string) string { return target(splitArgs(rule)) }
+
+// target is the -j or -g target of a rule's arguments.
+func target(args []string) string {
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == "-j" || args[i] == "-g" || args[i] == "--jump" || args[i] == "--goto" {
+			return args[i+1]
 		}
 	}
 	return ""

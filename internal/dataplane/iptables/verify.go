@@ -19,10 +19,7 @@ import (
 // the tracer knows render's vocabulary only. isLocal says which addresses
 // are the node's own.
 func (p *Proxier) Verify(ctx context.Context, snap *model.Snapshot, pkt trace.Packet, isLocal func(netip.Addr) bool) (trace.Verification, error) {
-	fam := model.IPv4
-	if pkt.Dst.Is6() {
-		fam = model.IPv6
-	}
+	fam := model.FamilyOf(pkt.Dst)
 	var v trace.Verification
 	if x, err := p.sysctl.Get(sysctlTCPBeLiberal); err == nil {
 		p.liberal = x != 0 // as a full sync reads it
@@ -57,40 +54,29 @@ func (p *Proxier) Verify(ctx context.Context, snap *model.Snapshot, pkt trace.Pa
 // named with prefix (another proxy's rules, say "KUBE-").
 func TraceSaved(text, prefix string, pkt trace.Packet, isLocal func(netip.Addr) bool) (trace.Result, error) {
 	tr := newRuleTracer(text, isLocal)
-	for _, chains := range tr.tables {
-		for name, rules := range chains {
-			if builtin(name) {
-				chains[name] = slices.DeleteFunc(rules, func(r []string) bool { return !strings.HasPrefix(target(r), prefix) })
-			}
-		}
-	}
+	tr.keepBuiltinJumps(func(_, to string) bool { return strings.HasPrefix(to, prefix) })
 	return tr.trace(pkt)
 }
 
-// keepJumpsInto drops from tr's built-in chains the rules that do not
-// jump into a chain of want's.
+// keepJumpsInto keeps in tr's built-in chains only the rules that jump
+// into a chain of want's.
 func (tr *tracer) keepJumpsInto(want *tracer) {
-	for table, chains := range tr.tables {
-		for name, rules := range chains {
-			if !builtin(name) {
-				continue
-			}
-			chains[name] = slices.DeleteFunc(rules, func(r []string) bool {
-				_, ok := want.tables[table][target(r)]
-				return !ok || builtin(target(r))
-			})
-		}
-	}
+	tr.keepBuiltinJumps(func(table, to string) bool {
+		_, ok := want.tables[table][to]
+		return ok && !builtin(to)
+	})
 }
 
-// target is a rule's -j or -g target.
-func target(rule []string) string {
-	for i := 0; i+1 < len(rule); i++ {
-		if rule[i] == "-j" || rule[i] == "-g" {
-			return rule[i+1]
+// keepBuiltinJumps keeps in the built-in chains only the rules whose
+// target (in table) keep accepts.
+func (tr *tracer) keepBuiltinJumps(keep func(table, to string) bool) {
+	for table, chains := range tr.tables {
+		for name, rules := range chains {
+			if builtin(name) {
+				chains[name] = slices.DeleteFunc(rules, func(r []string) bool { return !keep(table, target(r)) })
+			}
 		}
 	}
-	return ""
 }
 
 // chainNotes compares the chains of want (render) with got's (the
@@ -125,12 +111,11 @@ func chainNotes(want, got *tracer) []string {
 	return out
 }
 
-// isKproxyChain: the chains kproxy (and upstream's iptables mode, whose
-// chains kproxy takes over) name.
+// isKproxyChain: the per-Service chains kproxy (and upstream's iptables
+// mode, whose chains kproxy takes over) name, and KUBE-XLB-, upstream's
+// name for the Local-policy chains before v1.22.
 func isKproxyChain(name string) bool {
-	return strings.HasPrefix(name, "KUBE-SVC-") || strings.HasPrefix(name, "KUBE-SEP-") ||
-		strings.HasPrefix(name, "KUBE-FW-") || strings.HasPrefix(name, "KUBE-XLB-") ||
-		strings.HasPrefix(name, "KUBE-EXT-") || strings.HasPrefix(name, "KUBE-SVL-")
+	return isServiceChain(name) || strings.HasPrefix(name, "KUBE-XLB-")
 }
 
 // PortObjects implements dataplane.ObjectCounter: each port's rules, in

@@ -25,10 +25,7 @@ type Verification = trace.Verification
 // Verify traces p in the table of p's family. isLocal says which
 // addresses are the node's own (fib ... type local).
 func Verify(cfg dataplane.Config, table string, snap *model.Snapshot, p trace.Packet, isLocal func(netip.Addr) bool) (Verification, error) {
-	fam := model.IPv4
-	if p.Dst.Is6() {
-		fam = model.IPv6
-	}
+	fam := model.FamilyOf(p.Dst)
 	d := render(cfg, snap.Family(fam), snap.Node)
 	var v Verification
 	var err error
@@ -57,7 +54,9 @@ type kernelSource struct {
 	chains map[string][]string          // visited chain -> decoded rules (nil: missing)
 	elems  map[string]map[string]string // visited set -> elements
 	order  []string                     // chains and sets, as visited
-	err    error                        // a failed read (not a difference)
+	// byNormName indexes want's port chains by normalized name (wantChain).
+	byNormName map[string]*chain
+	err        error // a failed read (not a difference)
 }
 
 // foreignRule stands for a kernel rule render does not write; the tracer
@@ -145,16 +144,22 @@ func normalized(s string) string {
 }
 
 // wantChain finds the render's chain for a kernel chain name, also under
-// another history's name.
+// another history's name (the render's port chains by normalized name,
+// indexed at the first such lookup).
 func (k *kernelSource) wantChain(name string) ([]string, bool) {
 	if rules, ok := k.want.chainRules(name); ok {
 		return rules, true
 	}
-	n := normalized(name)
-	for wname, c := range k.want.chains {
-		if isPortObject(wname) && normalized(wname) == n {
-			return c.Rules, true
+	if k.byNormName == nil {
+		k.byNormName = map[string]*chain{}
+		for wname, c := range k.want.chains {
+			if isPortObject(wname) {
+				k.byNormName[normalized(wname)] = c
+			}
 		}
+	}
+	if c := k.byNormName[normalized(name)]; c != nil {
+		return c.Rules, true
 	}
 	return nil, false
 }
