@@ -83,10 +83,7 @@ func explainWith(ctx context.Context, o *config.Options, e env, req explain.Requ
 	}
 	switch {
 	case asJSON && report != nil:
-		err = explain.WriteJSONValue(e.stdout, struct {
-			*explain.Answer
-			Verify *Report `json:"verify"`
-		}{a, report})
+		err = explain.WriteJSONValue(e.stdout, VerifiedAnswer{a, report})
 	case asJSON:
 		err = explain.WriteJSON(e.stdout, a)
 	default:

@@ -5,7 +5,9 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/netip"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -33,35 +35,49 @@ func (b *fbed) explainOn(t *testing.T, node *netbed.Node, from netip.Addr, r ech
 	if proto == echo.ProtoHTTP {
 		proto = echo.ProtoTCP
 	}
-	args := []string{"explain", "--kubeconfig", nodeKubeconfig(t), "--hostname-override", node.Spec.Name,
-		"--proxy-mode", b.mode, "--cluster-cidr", clusterCIDRs(),
-		"--from", from.String(), "--to", r.Dst.String() + "/" + proto, "--output", "json"}
 	// Every explain in nftables and iptables mode also verifies: the
 	// packet traced through the node's kernel rules must agree with
 	// kproxy's rules (and with the answer) right after traffic went.
+	var extra []string
 	verify := b.mode != "ipvs" && !isUpstream()
 	if verify {
-		args = append(args, "--verify")
+		extra = append(extra, "--verify")
 	}
-	out, err := node.Run(context.Background(), append([]string{kproxyBinary(t)}, args...)...)
 	// Exit status 1 with an answer is "not proxied": the JSON is there.
-	// Log lines on stderr (merged here) are around it.
-	js := out
-	if i, j := strings.Index(out, "{"), strings.LastIndex(out, "}"); i >= 0 && j > i {
-		js = out[i : j+1]
-	}
-	var a struct {
-		explain.Answer
-		Verify *daemon.Report `json:"verify"`
-	}
-	if jerr := json.Unmarshal([]byte(js), &a); jerr != nil {
-		t.Fatalf("kproxy %s: %v (%v); output:\n%s", strings.Join(args, " "), err, jerr, out)
+	a, code, out := b.runExplain(t, node, from, r.Dst.String()+"/"+proto, extra...)
+	if a.Answer == nil {
+		t.Fatalf("kproxy explain on %s (exit %d) printed no answer:\n%s", node.Spec.Name, code, out)
 	}
 	if verify && (a.Verify == nil || !a.Verify.Agree) {
 		t.Errorf("explain --verify on %s: the kernel differs: %+v", node.Spec.Name, a.Verify)
 	}
 	t.Logf("explain on %s: %s -> %s/%s: %s (%s)", node.Spec.Name, from, r.Dst, proto, a.Verdict, a.Reason)
-	return &a.Answer
+	return a.Answer
+}
+
+// runExplain runs kproxy explain -o json on node, with the node's kproxy
+// flags plus extra, for a request from `from` to dst (IP:PORT/protocol).
+// It returns the JSON it printed (a nil Answer when there is none: log
+// lines on stderr, merged here, are around it), its exit status (-1 when
+// it did not exit) and its whole output.
+func (b *fbed) runExplain(t *testing.T, node *netbed.Node, from netip.Addr, dst string, extra ...string) (daemon.VerifiedAnswer, int, string) {
+	t.Helper()
+	args := []string{kproxyBinary(t), "explain", "--kubeconfig", nodeKubeconfig(t), "--hostname-override", node.Spec.Name,
+		"--proxy-mode", b.mode, "--cluster-cidr", clusterCIDRs(), "--from", from.String(), "--to", dst, "--output", "json"}
+	out, err := node.Run(context.Background(), append(args, extra...)...)
+	code := 0
+	if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		code = -1
+	}
+	var a daemon.VerifiedAnswer
+	if i, j := strings.Index(out, "{"), strings.LastIndex(out, "}"); i >= 0 && j > i {
+		if json.Unmarshal([]byte(out[i:j+1]), &a) != nil {
+			a = daemon.VerifiedAnswer{}
+		}
+	}
+	return a, code, out
 }
 
 // explainAgrees checks explain's answer for a request that traffic showed

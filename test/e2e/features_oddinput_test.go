@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -14,8 +13,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kproxy/kproxy/internal/daemon"
-	"github.com/kproxy/kproxy/internal/explain"
 	"github.com/kproxy/kproxy/test/testbed/controlplane"
 	"github.com/kproxy/kproxy/test/testbed/netbed/echo"
 )
@@ -83,24 +80,18 @@ func testOddInput(t *testing.T, b *fbed, f family) {
 	// Programmed: explain counts the 1,000 endpoints and (but in IPVS
 	// mode) the kernel's rules agree, that is, send to all of them.
 	eventually(t, b.exited, func() error {
-		args := []string{kproxyBinary(t), "explain", "--kubeconfig", nodeKubeconfig(t), "--hostname-override", "node1",
-			"--proxy-mode", b.mode, "--cluster-cidr", clusterCIDRs(), "--from", podIP(b.pods[0], f).String(),
-			"--to", manyReq.Dst.String() + "/tcp", "-o", "json"}
+		var extra []string
 		if b.mode != "ipvs" && !isUpstream() {
-			args = append(args, "--verify")
+			extra = append(extra, "--verify")
 		}
-		out, err := b.node(0).Run(ctx, args...)
-		var a struct {
-			explain.Answer
-			Verify *daemon.Report `json:"verify"`
+		a, code, out := b.runExplain(t, b.node(0), podIP(b.pods[0], f), manyReq.Dst.String()+"/tcp", extra...)
+		if a.Answer == nil {
+			return fmt.Errorf("no answer (exit %d) in %q", code, firstLine(out))
 		}
-		if i, j := strings.Index(out, "{"), strings.LastIndex(out, "}"); i < 0 || j < i || json.Unmarshal([]byte(out[i:j+1]), &a) != nil {
-			return fmt.Errorf("no answer (%v) in %q", err, firstLine(out))
-		}
-		if err != nil {
+		if code != 0 {
 			r := a.Verify
 			if r == nil {
-				return fmt.Errorf("kproxy explain: %v", firstLine(err.Error()))
+				return fmt.Errorf("kproxy explain: exit %d: %s", code, firstLine(out))
 			}
 			notes := r.Notes[:min(len(r.Notes), 4)]
 			return fmt.Errorf("kproxy explain --verify: kernel %.200s (%s), notes %q", r.Kernel, r.KernelError, notes)

@@ -4,10 +4,7 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -37,19 +34,7 @@ func testVerify(t *testing.T, b *fbed, f family) {
 	from := podIP(b.pods[0], f)
 	verify := func() (daemon.Report, int, string) {
 		t.Helper()
-		out, err := node.Run(context.Background(), kproxyBinary(t), "explain", "--kubeconfig", nodeKubeconfig(t),
-			"--hostname-override", node.Spec.Name, "--proxy-mode", b.mode, "--cluster-cidr", clusterCIDRs(),
-			"--from", from.String(), "--to", r.Dst.String()+"/tcp", "--verify", "-o", "json")
-		code := 0
-		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
-			code = ee.ExitCode()
-		}
-		var a struct {
-			Verify *daemon.Report `json:"verify"`
-		}
-		if i, j := strings.Index(out, "{"), strings.LastIndex(out, "}"); i >= 0 && j > i {
-			_ = json.Unmarshal([]byte(out[i:j+1]), &a)
-		}
+		a, code, out := b.runExplain(t, node, from, r.Dst.String()+"/tcp", "--verify")
 		if a.Verify == nil {
 			return daemon.Report{}, code, out
 		}
