@@ -193,8 +193,8 @@ func (k *kernelSource) chainNotes(name string) []string {
 	norm := func(rs []string) []string {
 		out := make([]string, 0, len(rs))
 		for _, r := range rs {
-			if head, list, ok := strings.Cut(r, " != { "); ok && strings.HasSuffix(list, " } drop") {
-				for _, a := range strings.Split(strings.TrimSuffix(list, " } drop"), ", ") {
+			if head, list, ok := k.nl.allowList(r); ok { // written as one rule per item (ruleExprs)
+				for _, a := range list {
 					if p, err := netip.ParsePrefix(a); err == nil && p.IsSingleIP() {
 						a = p.Addr().String() // the kernel compares the address alone
 					}
