@@ -172,7 +172,7 @@ func (t *txn) cutStage(d *desired) func() opList {
 	}
 }
 
-// forgetRules drops the rule text of port chains once written. A port
+// forgetRules drops the rules of port chains once written. A port
 // chain's name is a digest of its content, so later syncs diff port chains
 // by name alone and write only chains they render afresh: nobody reads the
 // text of a written chain again, and staged chains' rules can be
@@ -211,7 +211,7 @@ func chainOps(chains []*chain, n int) []op {
 	}
 	for _, c := range chains {
 		for _, r := range c.Rules {
-			out = append(out, op{verb: opAdd, obj: &knftables.Rule{Chain: c.Name, Rule: r}})
+			out = append(out, ruleAdd(c.Name, r))
 		}
 	}
 	return out
@@ -229,7 +229,7 @@ func (t *txn) addChain(c *chain, flush bool) {
 		t.chains = append(t.chains, op{verb: opFlush, obj: &knftables.Chain{Name: c.Name}})
 	}
 	for _, r := range c.Rules {
-		t.rules = append(t.rules, op{verb: opAdd, obj: &knftables.Rule{Chain: c.Name, Rule: r}})
+		t.rules = append(t.rules, ruleAdd(c.Name, r))
 	}
 }
 

@@ -21,10 +21,11 @@ const (
 )
 
 // op is one step of a transaction, in the vocabulary of knftables objects
-// (tables, chains with rule text, sets, maps, elements), which any kernel
-// implementation (nft CLI, netlink) can consume.
+// (tables, chains, sets, maps, elements) and typed rules, which any kernel
+// implementation (knftables, netlink) can consume.
 type op struct {
-	obj knftables.Object // nil for an element
+	// obj is a knftables object or a *ruleOp; nil for an element.
+	obj any
 	// elem is an element of a set (isMap false) or map, kept in render's
 	// compact form: a 100k-element sync would otherwise hold 100k
 	// knftables objects.
@@ -58,12 +59,24 @@ func (l opList) all(yield func(op) bool) {
 // elemOp is the op adding or deleting an element.
 func elemOp(verb opVerb, e *element, isMap bool) op { return op{verb: verb, elem: e, isMap: isMap} }
 
-// object returns the op's knftables object.
+// ruleOp is a rule added to a chain.
+type ruleOp struct {
+	chain string
+	rule  rule
+}
+
+// ruleAdd is the op adding r to chain.
+func ruleAdd(chain string, r rule) op { return op{verb: opAdd, obj: &ruleOp{chain: chain, rule: r}} }
+
+// object returns the op's knftables object (a rule as its text).
 func (o op) object() knftables.Object {
-	if o.obj == nil {
+	switch obj := o.obj.(type) {
+	case nil:
 		return o.elem.object(o.isMap)
+	case *ruleOp:
+		return &knftables.Rule{Chain: obj.chain, Rule: obj.rule.String()}
 	}
-	return o.obj
+	return o.obj.(knftables.Object)
 }
 
 // kernel is the backend's narrow view of one family's table in the kernel:

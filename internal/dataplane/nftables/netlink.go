@@ -32,6 +32,11 @@ func newNetlinkReader(f model.Family, table string) *netlinkReader {
 	return &netlinkReader{table: &gnftables.Table{Name: table, Family: fam}}
 }
 
+func (n *netlinkReader) v6() bool { return n.table.Family == gnftables.TableFamilyIPv6 }
+
+// nfproto is the reader's family as netlink messages name it.
+func (n *netlinkReader) nfproto() byte { return nfproto(n.v6()) }
+
 // ruleCount returns the number of rules in chain.
 func (n *netlinkReader) ruleCount(chain string) (int, error) {
 	rules := 0

@@ -93,7 +93,7 @@ func (t *nlTxn) queue(o op) error {
 		}
 	case *knftables.Chain:
 		return t.chain(o.verb, obj)
-	case *knftables.Rule:
+	case *ruleOp:
 		return t.rule(o.verb, obj)
 	case *knftables.Set:
 		return t.set(o.verb, obj.Name, &set{Name: obj.Name, Type: obj.Type, TypeOf: obj.TypeOf, Flags: obj.Flags,
@@ -119,16 +119,12 @@ func (t *nlTxn) chain(verb opVerb, c *knftables.Chain) error {
 	return nil
 }
 
-func (t *nlTxn) rule(verb opVerb, r *knftables.Rule) error {
+func (t *nlTxn) rule(verb opVerb, r *ruleOp) error {
 	if verb != opAdd {
 		return errNoNetlink
 	}
-	rules, err := t.n.ruleExprs(r.Rule)
-	if err != nil {
-		return errNoNetlink
-	}
-	for _, exprs := range rules {
-		if err := t.b.addRule(r.Chain, r.Rule, exprs); err != nil {
+	for _, kr := range r.rule.kernelRules() {
+		if err := t.b.addRule(r.chain, kr, kr.exprs()); err != nil {
 			return err
 		}
 	}

@@ -241,7 +241,6 @@ func TestPrivilegedFeatureTables(t *testing.T) {
 // the error to name the failing message, and nothing of the batch to land.
 func TestPrivilegedBatchError(t *testing.T) {
 	n := newTestNet(t)
-	nl := newNetlinkReader(model.IPv4, DefaultTableName)
 	var err error
 	n.In(n.Node, func() {
 		b := newNLBatch(2, DefaultTableName, 0)
@@ -249,8 +248,8 @@ func TestPrivilegedBatchError(t *testing.T) {
 		if err := b.addChain(&knftables.Chain{Name: "good"}); err != nil {
 			t.Fatal(err)
 		}
-		exprs, _ := nl.ruleExprs("goto missing-chain")
-		_ = b.addRule("good", "goto missing-chain", exprs[0])
+		r := rule{goTo("missing-chain")}
+		_ = b.addRule("good", r, r.exprs())
 		err = b.send()
 	})
 	if err == nil || !strings.Contains(err.Error(), "add rule to "+DefaultTableName+"/good") || !errors.Is(err, syscall.ENOENT) {

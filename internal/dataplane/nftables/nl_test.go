@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"golang.org/x/sys/unix"
 	"net/netip"
@@ -122,13 +121,17 @@ func TestIntervalElems(t *testing.T) {
 }
 
 func TestFirewallRuleExpands(t *testing.T) {
-	n := newNetlinkReader(model.IPv4, DefaultTableName)
-	rules, err := n.ruleExprs("ip saddr != { 198.18.200.0/24, 198.18.64.11 } drop")
-	if err != nil || len(rules) != 3 {
-		t.Fatalf("got %d rules, %v; want two returns and a drop", len(rules), err)
+	fw := rule{allowOnly{sel: selSaddr4, allowed: []netip.Prefix{netip.MustParsePrefix("198.18.200.0/24"), netip.MustParsePrefix("198.18.64.11/32")}}}
+	if got, want := fw.String(), "ip saddr != { 198.18.200.0/24, 198.18.64.11 } drop"; got != want {
+		t.Errorf("got %q, want %q", got, want)
 	}
-	if _, err := n.ruleExprs("ip saddr frobnicate"); !errors.Is(err, errNoNetlink) {
-		t.Errorf("unknown statement: %v, want errNoNetlink", err)
+	var got []string
+	for _, r := range fw.kernelRules() {
+		got = append(got, r.String())
+	}
+	want := []string{"ip saddr 198.18.200.0/24 return", "ip saddr 198.18.64.11 return", "drop"}
+	if !slices.Equal(got, want) {
+		t.Errorf("kernel rules %q, want %q", got, want)
 	}
 }
 

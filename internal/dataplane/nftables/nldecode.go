@@ -5,16 +5,16 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
-	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 )
 
-// This file reads a kernel rule's expressions back into render's rule
-// text: the inverse of nlrules.go, for `kproxy explain --verify`, which
+// This file reads a kernel rule's expressions back into render's typed
+// rules: the inverse of rule.go's encoding, for `kproxy explain --verify`, which
 // traces packets through the rules the kernel holds rather than the rules
 // kproxy meant to write. A rule outside render's vocabulary (written by
 // hand, or by another program) is an error naming what was not understood;
@@ -24,25 +24,25 @@ import (
 // rules it was written as: `ip saddr A return`, ..., `drop`.
 
 // chainRules reads the rules of a chain over netlink and decodes each:
-// its text, or an error saying what in it render does not write. found is
+// the rule, or an error saying what in it render does not write. found is
 // false when the chain does not exist.
-func (n *netlinkReader) chainRules(chain string) (texts []string, errs []error, found bool, err error) {
+func (n *netlinkReader) chainRules(chain string) (rules []rule, errs []error, found bool, err error) {
 	err = n.dump(unix.NFT_MSG_GETRULE, func(b *nlBatch) {
 		b.AttrStr(unix.NFTA_RULE_TABLE, b.table)
 		b.AttrStr(unix.NFTA_RULE_CHAIN, chain)
 	}, func(attrs []byte) error {
 		exprs, derr := n.ruleExprsOf(attr(attrs, unix.NFTA_RULE_EXPRESSIONS))
-		text := ""
+		var r rule
 		if derr == nil {
-			text, derr = n.decodeRule(exprs)
+			r, derr = n.decodeRule(exprs)
 		}
-		texts, errs = append(texts, text), append(errs, derr)
+		rules, errs = append(rules, r), append(errs, derr)
 		return nil
-	}, func() { texts, errs = nil, nil })
+	}, func() { rules, errs = nil, nil })
 	if isNotFound(err) {
 		return nil, nil, false, nil
 	}
-	return texts, errs, err == nil, err
+	return rules, errs, err == nil, err
 }
 
 // ruleExprsOf decodes a rule's expression list. google/nftables decodes
@@ -151,46 +151,46 @@ func reg(r uint32) uint32 {
 	return r
 }
 
-// decodeRule returns the text of one kernel rule.
-func (n *netlinkReader) decodeRule(exprs []expr.Any) (string, error) {
-	var words []string
+// decodeRule reads one kernel rule.
+func (n *netlinkReader) decodeRule(exprs []expr.Any) (rule, error) {
+	var r rule
 	for len(exprs) > 0 {
-		text, used := n.decodeStmt(exprs)
+		s, used := n.decodeStmt(exprs)
 		if used == 0 {
-			return "", fmt.Errorf("expression %s not understood after %q", exprName(exprs[0]), strings.Join(words, " "))
+			return nil, fmt.Errorf("expression %s not understood after %q", exprName(exprs[0]), r)
 		}
-		words = append(words, text)
+		r = append(r, s)
 		exprs = exprs[used:]
 	}
-	return strings.Join(words, " "), nil
+	return r, nil
 }
 
 // decodeStmt decodes the statement at the start of e; used is 0 when it
 // is none that render emits.
-func (n *netlinkReader) decodeStmt(e []expr.Any) (text string, used int) {
+func (n *netlinkReader) decodeStmt(e []expr.Any) (s stmt, used int) {
 	switch x := e[0].(type) {
 	case *expr.Ct:
 		if x.Register == 1 && !x.SourceRegister && len(e) >= 3 {
 			mask, ok := bitsNonZeroMask(e[1], e[2])
 			switch {
 			case ok && x.Key == expr.CtKeySTATE && mask == 8:
-				return "ct state new", 3
+				return ctMatch{}, 3
 			case ok && x.Key == expr.CtKeySTATUS && mask == 0x20:
-				return "ct status dnat", 3
+				return ctMatch{dnat: true}, 3
 			}
 		}
 	case *expr.Verdict:
-		return verdictText(x)
+		return verdictOf(x)
 	case *expr.Reject:
 		switch {
 		case x.Type == unix.NFT_REJECT_TCP_RST:
-			return "reject with tcp reset", 1
+			return reject{tcpReset: true}, 1
 		case x.Type == unix.NFT_REJECT_ICMP_UNREACH && x.Code == n.portUnreach():
-			return "reject", 1
+			return reject{v6: n.v6()}, 1
 		}
 	case *expr.Masq:
 		if x.FullyRandom && !x.Random && !x.Persistent && !x.ToPorts {
-			return "masquerade fully-random", 1
+			return masquerade{}, 1
 		}
 	case *expr.Fib:
 		return decodeFib(x, e)
@@ -204,8 +204,8 @@ func (n *netlinkReader) decodeStmt(e []expr.Any) (text string, used int) {
 			return decodeIifname(e[1])
 		}
 	case *expr.Immediate:
-		if t, ok := n.decodeDNAT(e); ok {
-			return t, 3
+		if d, ok := n.decodeDNAT(e); ok {
+			return d, 3
 		}
 	}
 	return n.decodeSelector(e)
@@ -218,25 +218,17 @@ func (n *netlinkReader) portUnreach() uint8 {
 	return icmpPortUnreach
 }
 
-func verdictText(v *expr.Verdict) (string, int) {
+func verdictOf(v *expr.Verdict) (stmt, int) {
 	switch v.Kind {
 	case expr.VerdictJump, expr.VerdictGoto:
 		if v.Chain == "" {
-			return "", 0
+			return nil, 0
 		}
-		verb := "jump"
-		if v.Kind == expr.VerdictGoto {
-			verb = "goto"
-		}
-		return verb + " " + v.Chain, 1
-	case expr.VerdictDrop:
-		return "drop", 1
-	case expr.VerdictReturn:
-		return "return", 1
-	case expr.VerdictAccept:
-		return "accept", 1
+		return verdict{kind: v.Kind, chain: v.Chain}, 1
+	case expr.VerdictDrop, expr.VerdictReturn, expr.VerdictAccept:
+		return verdict{kind: v.Kind}, 1
 	}
-	return "", 0
+	return nil, 0
 }
 
 // bitsNonZeroMask recognises `& mask != 0` on register 1 (bitsNonZero).
@@ -252,88 +244,80 @@ func bitsNonZeroMask(b, c expr.Any) (uint32, bool) {
 
 func isZero(b []byte) bool { return len(bytes.Trim(b, "\x00")) == 0 }
 
-func decodeFib(f *expr.Fib, e []expr.Any) (string, int) {
+func decodeFib(f *expr.Fib, e []expr.Any) (stmt, int) {
 	if len(e) < 2 || f.Register != 1 || !f.ResultADDRTYPE || f.FlagSADDR == f.FlagDADDR || f.FlagIIF || f.FlagOIF || f.FlagMARK {
-		return "", 0
+		return nil, 0
 	}
 	cmp, ok := e[1].(*expr.Cmp)
 	if !ok || cmp.Register != 1 || cmp.Op != expr.CmpOpEq || !bytes.Equal(cmp.Data, native32(unix.RTN_LOCAL)) {
-		return "", 0
+		return nil, 0
 	}
-	if f.FlagSADDR {
-		return "fib saddr type local", 2
-	}
-	return "fib daddr type local", 2
+	return fibLocal{saddr: f.FlagSADDR}, 2
 }
 
 // decodeNumgen recognises `numgen random mod M 0` and the mapped DNAT
 // `dnat ip to numgen random mod M offset B map @S`.
-func (n *netlinkReader) decodeNumgen(g *expr.Numgen, e []expr.Any) (string, int) {
+func (n *netlinkReader) decodeNumgen(g *expr.Numgen, e []expr.Any) (stmt, int) {
 	if g.Type != unix.NFT_NG_RANDOM || g.Register != 1 || len(e) < 2 {
-		return "", 0
+		return nil, 0
 	}
 	if cmp, ok := e[1].(*expr.Cmp); ok {
 		if g.Offset != 0 || cmp.Register != 1 || cmp.Op != expr.CmpOpEq || len(cmp.Data) != 4 || !isZero(cmp.Data) {
-			return "", 0
+			return nil, 0
 		}
-		return fmt.Sprintf("numgen random mod %d 0", g.Modulus), 2
+		return numgenZero{mod: g.Modulus}, 2
 	}
 	if len(e) < 4 {
-		return "", 0
+		return nil, 0
 	}
 	bo, ok1 := e[1].(*expr.Byteorder)
 	lk, ok2 := e[2].(*expr.Lookup)
 	nat, ok3 := e[3].(*expr.NAT)
-	fam, protoReg, ipX := uint32(unix.NFPROTO_IPV4), uint32(unix.NFT_REG32_01), "ip"
-	if n.v6() {
-		fam, protoReg, ipX = unix.NFPROTO_IPV6, unix.NFT_REG32_04, "ip6"
-	}
+	d := dnatMap{v6: n.v6(), mod: g.Modulus, offset: g.Offset}
 	if !ok1 || !ok2 || !ok3 || bo.SourceRegister != 1 || bo.DestRegister != 1 || bo.Op != expr.ByteorderHton || bo.Len != 4 || bo.Size != 4 ||
 		lk.SourceRegister != 1 || lk.DestRegister != 1 || !lk.IsDestRegSet || lk.Invert || lk.SetName == "" ||
-		nat.Type != expr.NATTypeDestNAT || nat.Family != fam || !natRegs(nat, 1, protoReg) {
-		return "", 0
+		nat.Type != expr.NATTypeDestNAT || nat.Family != uint32(n.nfproto()) || !natRegs(nat, 1, d.protoReg()) {
+		return nil, 0
 	}
-	return fmt.Sprintf("dnat %s to numgen random mod %d offset %d map @%s", ipX, g.Modulus, g.Offset, lk.SetName), 4
+	d.set = lk.SetName
+	return d, 4
 }
 
 // decodeMark recognises `mark set mark or|xor V` and `mark and M != 0`.
-func decodeMark(e []expr.Any) (string, int) {
+func decodeMark(e []expr.Any) (stmt, int) {
 	if len(e) < 3 {
-		return "", 0
+		return nil, 0
 	}
 	if m, ok := bitsNonZeroMask(e[1], e[2]); ok {
-		return fmt.Sprintf("mark and 0x%08x != 0", m), 3
+		return markTest{mask: m}, 3
 	}
 	bw, ok1 := e[1].(*expr.Bitwise)
 	set, ok2 := e[2].(*expr.Meta)
 	if !ok1 || !ok2 || bw.SourceRegister != 1 || bw.DestRegister != 1 || bw.Len != 4 || len(bw.Mask) != 4 || len(bw.Xor) != 4 ||
 		set.Key != expr.MetaKeyMARK || !set.SourceRegister || set.Register != 1 {
-		return "", 0
+		return nil, 0
 	}
 	mask, xor := binaryutil.NativeEndian.Uint32(bw.Mask), binaryutil.NativeEndian.Uint32(bw.Xor)
 	switch {
 	case mask == ^uint32(0):
-		return fmt.Sprintf("mark set mark xor 0x%08x", xor), 3
+		return markSet{xor: true, v: xor}, 3
 	case mask == ^xor:
-		return fmt.Sprintf("mark set mark or 0x%08x", xor), 3
+		return markSet{v: xor}, 3
 	}
-	return "", 0
+	return nil, 0
 }
 
-func decodeIifname(c expr.Any) (string, int) {
+func decodeIifname(c expr.Any) (stmt, int) {
 	cmp, ok := c.(*expr.Cmp)
 	if !ok || cmp.Register != 1 || (cmp.Op != expr.CmpOpEq && cmp.Op != expr.CmpOpNeq) || len(cmp.Data) == 0 {
-		return "", 0
+		return nil, 0
 	}
-	op := ""
-	if cmp.Op == expr.CmpOpNeq {
-		op = "!= "
-	}
+	neg := cmp.Op == expr.CmpOpNeq
 	if len(cmp.Data) == unix.IFNAMSIZ {
 		name, _, _ := bytes.Cut(cmp.Data, []byte{0})
-		return fmt.Sprintf("iifname %s%q", op, name), 2
+		return iifname{neg: neg, name: string(name)}, 2
 	}
-	return fmt.Sprintf("iifname %s%q", op, string(cmp.Data)+"*"), 2
+	return iifname{neg: neg, name: string(cmp.Data) + "*"}, 2
 }
 
 // natRegs checks where a NAT takes its address and port: the kernel
@@ -345,93 +329,82 @@ func natRegs(nat *expr.NAT, addr, port uint32) bool {
 }
 
 // decodeDNAT recognises `dnat to ADDR:PORT`.
-func (n *netlinkReader) decodeDNAT(e []expr.Any) (string, bool) {
+func (n *netlinkReader) decodeDNAT(e []expr.Any) (stmt, bool) {
 	if len(e) < 3 {
-		return "", false
+		return nil, false
 	}
 	addr, ok1 := e[0].(*expr.Immediate)
 	port, ok2 := e[1].(*expr.Immediate)
 	nat, ok3 := e[2].(*expr.NAT)
 	if !ok1 || !ok2 || !ok3 || reg(addr.Register) != reg(1) || reg(port.Register) != reg(2) || len(port.Data) != 2 ||
 		nat.Type != expr.NATTypeDestNAT || nat.Family != uint32(n.nfproto()) || !natRegs(nat, 1, 2) {
-		return "", false
+		return nil, false
 	}
 	a, ok := netip.AddrFromSlice(addr.Data)
 	if !ok || a.Is6() != n.v6() {
-		return "", false
+		return nil, false
 	}
-	return "dnat to " + netip.AddrPortFrom(a, binary.BigEndian.Uint16(port.Data)).String(), true
+	return dnatTo{to: netip.AddrPortFrom(a, binary.BigEndian.Uint16(port.Data))}, true
 }
 
 // decodeSelector recognises a concatenation of loads followed by a set
 // lookup, a verdict map lookup or an `update @set { ... }`, and a single
 // load on register 1 compared with a value.
-func (n *netlinkReader) decodeSelector(e []expr.Any) (string, int) {
+func (n *netlinkReader) decodeSelector(e []expr.Any) (stmt, int) {
 	// Register 1 is also where a concatenation starts (NFT_REG32_00).
-	if name, size, ok := n.selectorName(e[0], 1); ok && len(e) >= 2 {
-		if text, used := n.decodeCompare(name, size, e[1:]); used > 0 {
-			return text, used
+	if sel, size, ok := n.selectorOf(e[0], 1); ok && len(e) >= 2 {
+		if s, used := n.decodeCompare(sel, size, e[1:]); used > 0 {
+			return s, used
 		}
 	}
-	var key []string
+	var k key
 	next, i := uint32(reg32First), 0
 	for ; i < len(e); i++ {
 		if imm, ok := e[i].(*expr.Immediate); ok && i > 0 && reg(imm.Register) == reg(next) && len(imm.Data) == 4 {
-			key = append(key, fmt.Sprintf("0x%08x", binaryutil.NativeEndian.Uint32(imm.Data)))
+			k = append(k, keyPart{mark: binaryutil.NativeEndian.Uint32(imm.Data)})
 			next++
 			continue
 		}
-		name, size, ok := n.selectorName(e[i], next)
+		sel, size, ok := n.selectorOf(e[i], next)
 		if !ok {
 			break
 		}
-		key = append(key, name)
+		k = append(k, keyPart{sel: sel})
 		next += (size + 3) / 4
 	}
-	if len(key) == 0 || i == len(e) {
-		return "", 0
+	if len(k) == 0 || i == len(e) {
+		return nil, 0
 	}
-	k := strings.Join(key, " . ")
 	switch x := e[i].(type) {
 	case *expr.Lookup:
 		if reg(x.SourceRegister) != reg(reg32First) || x.Invert || x.SetName == "" {
-			return "", 0
+			return nil, 0
 		}
 		if !x.IsDestRegSet {
-			return k + " @" + x.SetName, i + 1
+			return lookup{key: k, set: x.SetName}, i + 1
 		}
 		if x.DestRegister == unix.NFT_REG_VERDICT {
-			return k + " vmap @" + x.SetName, i + 1
+			return lookup{key: k, set: x.SetName, vmap: true}, i + 1
 		}
 	case *expr.Dynset:
 		if reg(x.SrcRegKey) != reg(reg32First) || x.Operation != unix.NFT_DYNSET_OP_UPDATE || x.SetName == "" || x.SrcRegData != 0 {
-			return "", 0
+			return nil, 0
 		}
-		body := k
-		if x.Timeout > 0 {
-			body += " timeout " + strconv.FormatInt(int64(x.Timeout.Seconds()), 10) + "s"
-		}
-		return "update @" + x.SetName + " { " + body + " }", i + 1
+		return setUpdate{set: x.SetName, key: k, timeout: x.Timeout.Truncate(time.Second)}, i + 1
 	}
-	return "", 0
+	return nil, 0
 }
 
-// selectorName names the load of a packet field into reg.
-func (n *netlinkReader) selectorName(e expr.Any, r uint32) (string, uint32, bool) {
-	for _, sel := range n.selectors() {
-		want, size, _ := n.selector(sel, r)
+// selectorOf names the load of a packet field into reg.
+func (n *netlinkReader) selectorOf(e expr.Any, r uint32) (selector, uint32, bool) {
+	saddr, daddr := addrSelectors(n.v6())
+	for _, sel := range []selector{saddr, daddr, selL4proto, selDport} {
+		want, size := sel.load(r)
 		if sameLoad(e, want) {
 			return sel, size, true
 		}
 	}
-	return "", 0, false
-}
-
-func (n *netlinkReader) selectors() []string {
-	if n.v6() {
-		return []string{"ip6 saddr", "ip6 daddr", "meta l4proto", "th dport"}
-	}
-	return []string{"ip saddr", "ip daddr", "meta l4proto", "th dport"}
+	return selNone, 0, false
 }
 
 // sameLoad compares the fields of a load that the kernel reports back.
@@ -449,47 +422,44 @@ func sameLoad(got, want expr.Any) bool {
 
 // decodeCompare recognises `SEL [!=] VALUE` after the load of SEL into
 // register 1: a protocol name, or an address or prefix.
-func (n *netlinkReader) decodeCompare(sel string, size uint32, e []expr.Any) (string, int) {
+func (n *netlinkReader) decodeCompare(sel selector, size uint32, e []expr.Any) (stmt, int) {
 	var mask []byte
 	used := 1 // the load
 	if bw, ok := e[0].(*expr.Bitwise); ok {
 		if bw.SourceRegister != 1 || bw.DestRegister != 1 || bw.Len != size || !isZero(bw.Xor) || len(e) < 2 {
-			return "", 0
+			return nil, 0
 		}
 		mask, e, used = bw.Mask, e[1:], used+1
 	}
 	cmp, ok := e[0].(*expr.Cmp)
 	if !ok || cmp.Register != 1 || (cmp.Op != expr.CmpOpEq && cmp.Op != expr.CmpOpNeq) || uint32(len(cmp.Data)) != size {
-		return "", 0
+		return nil, 0
 	}
 	used++
-	op := sel + " "
-	if cmp.Op == expr.CmpOpNeq {
-		op += "!= "
-	}
-	if sel == "meta l4proto" {
+	neg := cmp.Op == expr.CmpOpNeq
+	switch sel {
+	case selL4proto:
 		for name, p := range protoNumbers {
 			if mask == nil && cmp.Data[0] == p {
-				return op + name, used
+				return protoCmp{neg: neg, proto: name}, used
 			}
 		}
-		return "", 0
-	}
-	if sel == "th dport" {
-		return "", 0
+		return nil, 0
+	case selDport:
+		return nil, 0
 	}
 	a, ok := netip.AddrFromSlice(cmp.Data)
 	if !ok {
-		return "", 0
+		return nil, 0
 	}
-	if mask == nil {
-		return op + a.String(), used
+	p := netip.PrefixFrom(a, a.BitLen())
+	if mask != nil {
+		p = netip.PrefixFrom(a, maskBits(mask))
+		if p.Bits() < 0 || !bytes.Equal(prefixMask(p), mask) {
+			return nil, 0
+		}
 	}
-	p := netip.PrefixFrom(a, maskBits(mask))
-	if p.Bits() < 0 || !bytes.Equal(prefixMask(p), mask) {
-		return "", 0
-	}
-	return op + p.String(), used
+	return addrCmp{sel: sel, neg: neg, p: p}, used
 }
 
 // maskBits counts the leading ones of a prefix mask.

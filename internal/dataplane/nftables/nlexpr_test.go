@@ -58,12 +58,8 @@ func TestAppendExprMatchesMarshal(t *testing.T) {
 		}
 		for _, c := range chains {
 			for _, r := range c.Rules {
-				rules, err := n.ruleExprs(r)
-				if err != nil {
-					t.Fatalf("%s/%s: %q: %v", name, f, r, err)
-				}
-				for _, exprs := range rules {
-					for _, e := range exprs {
+				for _, kr := range r.kernelRules() {
+					for _, e := range kr.exprs() {
 						types[fmt.Sprintf("%T", e)]++
 						checkSameEncoding(t, fmt.Sprintf("%s/%s %q", name, f, r), n.nfproto(), e)
 					}
@@ -128,29 +124,20 @@ func TestAppendExprMatchesMarshal(t *testing.T) {
 func BenchmarkRuleEncoding(b *testing.B) {
 	snap := scaleSnapshot(1000, 10)
 	d := render(dptest.Config(), snap.V4, snap.Node)
-	n := newNetlinkReader(model.IPv4, DefaultTableName)
-	type rule struct {
-		chain, text string
-		exprs       [][]expr.Any
-	}
-	var rules []rule
+	var ops []*ruleOp
 	for _, ps := range d.Ports {
 		for _, c := range ps.Chains {
 			for _, r := range c.Rules {
-				exprs, err := n.ruleExprs(r)
-				if err != nil {
-					b.Fatal(err)
-				}
-				rules = append(rules, rule{c.Name, r, exprs})
+				ops = append(ops, &ruleOp{chain: c.Name, rule: r})
 			}
 		}
 	}
 	b.ReportAllocs()
 	for b.Loop() {
 		batch := newNLBatch(unix.NFPROTO_IPV4, DefaultTableName, 1<<20)
-		for _, r := range rules {
-			for _, exprs := range r.exprs {
-				if err := batch.addRule(r.chain, r.text, exprs); err != nil {
+		for _, o := range ops {
+			for _, kr := range o.rule.kernelRules() {
+				if err := batch.addRule(o.chain, kr, kr.exprs()); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -3,6 +3,7 @@ package nftables
 import (
 	"encoding/binary"
 	"fmt"
+	"net/netip"
 	"strings"
 
 	"github.com/google/nftables/expr"
@@ -99,14 +100,14 @@ func (b *nlBatch) flushChain(name string) {
 }
 
 // addRule appends a rule made of exprs to a chain.
-func (b *nlBatch) addRule(chain, text string, exprs []expr.Any) error {
+func (b *nlBatch) addRule(chain string, r rule, exprs []expr.Any) error {
 	m := b.Msg(unix.NFT_MSG_NEWRULE, createFlags|unix.NLM_F_APPEND)
 	b.AttrStr(unix.NFTA_RULE_TABLE, b.table)
 	b.AttrStr(unix.NFTA_RULE_CHAIN, chain)
 	l := b.Nest(unix.NFTA_RULE_EXPRESSIONS)
 	for _, e := range exprs {
 		if err := b.appendExpr(e); err != nil {
-			return fmt.Errorf("rule %q: %w", text, err)
+			return fmt.Errorf("rule %q: %w", r, err)
 		}
 	}
 	b.End(l)
@@ -334,4 +335,39 @@ func endpointsTypeof(typeOf string) ([]byte, bool) {
 	ud = udTLV(ud, byte(userdata.NFTNL_UDATA_SET_KEY_TYPEOF), udU32(0, exprNumgen), udTLV(nil, 1, udU32(0, 1), udU32(1, 1), udU32(2, 0)))
 	ud = udTLV(ud, byte(userdata.NFTNL_UDATA_SET_DATA_TYPEOF), udU32(0, exprConcat), udTLV(nil, 1, sub))
 	return append(ud, udU32(byte(userdata.NFTNL_UDATA_SET_DATA_INTERVAL), 0)...), true
+}
+
+// intervalElems encodes a prefix of an interval set as nft does: the
+// first address, and the address after the last one flagged as the end
+// (absent when the prefix reaches the top of the address space).
+func intervalElems(p netip.Prefix) []nlElem {
+	p = p.Masked()
+	first := p.Addr().AsSlice()
+	last := make([]byte, len(first))
+	copy(last, first)
+	host := p.Addr().BitLen() - p.Bits()
+	for i := len(last) - 1; i >= 0 && host > 0; i-- {
+		bitsHere := min(host, 8)
+		last[i] |= byte(1<<bitsHere - 1)
+		host -= bitsHere
+	}
+	out := []nlElem{{key: first}}
+	if end, ok := intervalEnd(last); ok {
+		out = append(out, end)
+	}
+	return out
+}
+
+// intervalEnd turns last, an interval's last key (big endian), into the
+// element nft sends after it: the next key, flagged as the end. last is
+// incremented in place. There is none (false) when last is the top of the
+// key space.
+func intervalEnd(last []byte) (nlElem, bool) {
+	for i := len(last) - 1; i >= 0; i-- { // last+1, with carry
+		last[i]++
+		if last[i] != 0 {
+			return nlElem{key: last, intervalEnd: true}, true
+		}
+	}
+	return nlElem{}, false
 }

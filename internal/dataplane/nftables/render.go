@@ -1,10 +1,11 @@
 package nftables
 
 import (
-	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
+	"github.com/google/nftables/expr"
 	"sigs.k8s.io/knftables"
 
 	"github.com/kproxy/kproxy/internal/dataplane"
@@ -70,15 +71,18 @@ var baseChains = []struct {
 // that the rules of one family depend on besides the service ports.
 type renderer struct {
 	fam      model.Family
+	v6       bool
 	ipX      string // "ip" or "ip6"
 	addrType string // "ipv4_addr" or "ipv6_addr"
-	loopback string // the loopback range, never a NodePort address
-	masqMark string
+	// saddr and daddr are the family's address fields.
+	saddr, daddr selector
+	loopback     netip.Prefix // the loopback range, never a NodePort address
+	masqMark     uint32
 	// masq is the statement that marks a packet for masquerading.
-	masq string
-	// ifLocal and ifNotLocal match traffic from local pods; empty when the
+	masq markSet
+	// ifLocal and ifNotLocal match traffic from local pods; nil when the
 	// detect-local mode gives nothing for this family.
-	ifLocal, ifNotLocal string
+	ifLocal, ifNotLocal stmt
 	masqAll             bool
 	nodeIP              netip.Addr
 	// nodePortAll accepts NodePorts on every local address; otherwise only
@@ -98,13 +102,14 @@ type renderer struct {
 }
 
 func newRenderer(cfg dataplane.Config, fam model.Family, node model.NodeInfo) *renderer {
-	r := &renderer{fam: fam, ipX: "ip", addrType: "ipv4_addr", loopback: "127.0.0.0/8", masqAll: cfg.MasqueradeAll, slots: newSlotAlloc()}
+	r := &renderer{fam: fam, ipX: "ip", addrType: "ipv4_addr", loopback: netip.MustParsePrefix("127.0.0.0/8"), masqAll: cfg.MasqueradeAll, slots: newSlotAlloc()}
 	if fam == model.IPv6 {
-		r.ipX, r.addrType, r.loopback = "ip6", "ipv6_addr", "::1"
+		r.v6, r.ipX, r.addrType, r.loopback = true, "ip6", "ipv6_addr", netip.MustParsePrefix("::1/128")
 	}
-	r.masqMark = fmt.Sprintf("%#08x", uint32(1)<<uint(cfg.MasqueradeBit&31))
-	r.masq = "mark set mark or " + r.masqMark
-	r.ifLocal, r.ifNotLocal = localMatch(cfg, fam, node, r.ipX)
+	r.saddr, r.daddr = addrSelectors(r.v6)
+	r.masqMark = uint32(1) << uint(cfg.MasqueradeBit&31)
+	r.masq = markSet{v: r.masqMark}
+	r.ifLocal, r.ifNotLocal = localMatch(cfg, fam, node)
 	for _, ip := range cfg.NodeIPs {
 		if model.FamilyOf(ip) == fam && !r.nodeIP.IsValid() {
 			r.nodeIP = ip.Unmap()
@@ -128,14 +133,15 @@ func familyCIDRs(cidrs []netip.Prefix, fam model.Family) []netip.Prefix {
 }
 
 // localMatch returns the matches for traffic from and not from local pods.
-func localMatch(cfg dataplane.Config, fam model.Family, node model.NodeInfo, ipX string) (string, string) {
-	byCIDR := func(cidrs []netip.Prefix) (string, string) {
+func localMatch(cfg dataplane.Config, fam model.Family, node model.NodeInfo) (stmt, stmt) {
+	byCIDR := func(cidrs []netip.Prefix) (stmt, stmt) {
+		saddr, _ := addrSelectors(fam == model.IPv6)
 		for _, c := range cidrs {
 			if model.FamilyOf(c.Addr()) == fam {
-				return ipX + " saddr " + c.Masked().String(), ipX + " saddr != " + c.Masked().String()
+				return addrCmp{sel: saddr, p: c.Masked()}, addrCmp{sel: saddr, neg: true, p: c.Masked()}
 			}
 		}
-		return "", ""
+		return nil, nil
 	}
 	switch cfg.LocalMode {
 	case dataplane.LocalClusterCIDR:
@@ -144,14 +150,14 @@ func localMatch(cfg dataplane.Config, fam model.Family, node model.NodeInfo, ipX
 		return byCIDR(node.PodCIDRs)
 	case dataplane.LocalBridgeInterface:
 		if cfg.BridgeInterface != "" {
-			return fmt.Sprintf("iifname %q", cfg.BridgeInterface), fmt.Sprintf("iifname != %q", cfg.BridgeInterface)
+			return iifname{name: cfg.BridgeInterface}, iifname{neg: true, name: cfg.BridgeInterface}
 		}
 	case dataplane.LocalInterfacePrefix:
 		if cfg.InterfacePrefix != "" {
-			return fmt.Sprintf("iifname %q", cfg.InterfacePrefix+"*"), fmt.Sprintf("iifname != %q", cfg.InterfacePrefix+"*")
+			return iifname{name: cfg.InterfacePrefix + "*"}, iifname{neg: true, name: cfg.InterfacePrefix + "*"}
 		}
 	}
-	return "", ""
+	return nil, nil
 }
 
 // nodePortRange interprets nodePortAddresses for one family: empty (or a
@@ -219,18 +225,18 @@ func (r *renderer) fixed() *desired {
 	d.Chains = append(d.Chains,
 		&chain{Name: chainServices, Rules: r.servicesRules()},
 		&chain{Name: chainMasquerading, Rules: r.masqueradingRules()},
-		&chain{Name: chainFirewallCheck, Rules: []string{r.dstTuple() + " vmap @" + mapFirewallIPs}},
-		&chain{Name: chainServiceEPCheck, Rules: []string{
-			r.dstTuple() + " @" + setServicesNoEndpoints + " goto " + chainReject,
-			r.dstTuple() + " @" + setServicesNoLocal + " drop",
+		&chain{Name: chainFirewallCheck, Rules: []rule{{lookup{key: r.dstTuple(), set: mapFirewallIPs, vmap: true}}}},
+		&chain{Name: chainServiceEPCheck, Rules: []rule{
+			{lookup{key: r.dstTuple(), set: setServicesNoEndpoints}, goTo(chainReject)},
+			{lookup{key: r.dstTuple(), set: setServicesNoLocal}, verdict{kind: expr.VerdictDrop}},
 		}},
 		&chain{Name: chainNodePortEPCheck, Rules: r.nodePortRules(
-			"@"+setNodePortsNoEndpoints+" goto "+chainReject,
-			"@"+setNodePortsNoLocal+" drop")},
+			rule{lookup{key: protoPort, set: setNodePortsNoEndpoints}, goTo(chainReject)},
+			rule{lookup{key: protoPort, set: setNodePortsNoLocal}, verdict{kind: expr.VerdictDrop}})},
 		&chain{Name: chainClusterIPsCheck, Rules: r.clusterIPsCheckRules()},
 		// TCP gets a reset: a Linux client acts on an ICMPv6 unreachable
 		// only at its first SYN retransmit (~1 s), on a reset at once.
-		&chain{Name: chainReject, Rules: []string{"meta l4proto tcp reject with tcp reset", "reject"}},
+		&chain{Name: chainReject, Rules: []rule{{protoCmp{proto: "tcp"}, reject{tcpReset: true}}, {reject{v6: r.v6}}}},
 	)
 	d.Elems = r.configElems()
 	return d
@@ -242,10 +248,10 @@ func (r *renderer) fixed() *desired {
 // dropped, as upstream does. The second rule is there even without ranges
 // (the set is then empty), so that a change of the ranges is a change of
 // elements only.
-func (r *renderer) clusterIPsCheckRules() []string {
-	return []string{
-		r.ipX + " daddr @" + setClusterIPs + " goto " + chainReject,
-		r.ipX + " daddr @" + setServiceCIDRs + " drop",
+func (r *renderer) clusterIPsCheckRules() []rule {
+	return []rule{
+		{lookup{key: key{{sel: r.daddr}}, set: setClusterIPs}, goTo(chainReject)},
+		{lookup{key: key{{sel: r.daddr}}, set: setServiceCIDRs}, verdict{kind: expr.VerdictDrop}},
 	}
 }
 
@@ -323,62 +329,69 @@ func (r *renderer) baseSets() []*set {
 }
 
 // baseRules are the jumps from each hooked chain to the helper chains.
-func baseRules(name string) []string {
+func baseRules(name string) []rule {
+	newJump := func(chain string) rule { return rule{ctMatch{}, jump(chain)} }
 	switch name {
 	case chainFilterPreroutingPreDNAT, chainFilterOutputPreDNAT:
-		return []string{"ct state new jump " + chainFirewallCheck}
+		return []rule{newJump(chainFirewallCheck)}
 	case chainFilterInput:
-		return []string{"ct state new jump " + chainNodePortEPCheck, "ct state new jump " + chainServiceEPCheck}
+		return []rule{newJump(chainNodePortEPCheck), newJump(chainServiceEPCheck)}
 	case chainFilterForward, chainFilterOutput:
-		return []string{"ct state new jump " + chainServiceEPCheck, "ct state new jump " + chainClusterIPsCheck}
+		return []rule{newJump(chainServiceEPCheck), newJump(chainClusterIPsCheck)}
 	case chainNATPrerouting, chainNATOutput:
-		return []string{"jump " + chainServices}
+		return []rule{{jump(chainServices)}}
 	case chainNATPostrouting:
-		return []string{"jump " + chainMasquerading}
+		return []rule{{jump(chainMasquerading)}}
 	}
 	return nil
 }
 
-func (r *renderer) dstTuple() string { return r.ipX + " daddr . meta l4proto . th dport" }
+// protoPort is the key `meta l4proto . th dport`.
+var protoPort = key{{sel: selL4proto}, {sel: selDport}}
+
+// dstTuple is the key `ip daddr . meta l4proto . th dport`.
+func (r *renderer) dstTuple() key { return key{{sel: r.daddr}, {sel: selL4proto}, {sel: selDport}} }
 
 // servicesRules dispatch by destination; cluster-IP traffic from outside
 // the cluster (or all of it with masqueradeAll) is marked for masquerade.
-func (r *renderer) servicesRules() []string {
-	var rules []string
+func (r *renderer) servicesRules() []rule {
+	var rules []rule
+	clusterIPs := lookup{key: key{{sel: r.daddr}}, set: setClusterIPs}
 	switch {
 	case r.masqAll:
-		rules = append(rules, r.ipX+" daddr @"+setClusterIPs+" "+r.masq)
-	case r.ifNotLocal != "":
-		rules = append(rules, r.ipX+" daddr @"+setClusterIPs+" "+r.ifNotLocal+" "+r.masq)
+		rules = append(rules, rule{clusterIPs, r.masq})
+	case r.ifNotLocal != nil:
+		rules = append(rules, rule{clusterIPs, r.ifNotLocal, r.masq})
 	}
-	rules = append(rules, r.dstTuple()+" vmap @"+mapServiceIPs)
-	return append(rules, r.nodePortRules("vmap @"+mapServiceNodePorts)...)
+	rules = append(rules, rule{lookup{key: r.dstTuple(), set: mapServiceIPs, vmap: true}})
+	return append(rules, r.nodePortRules(rule{lookup{key: protoPort, set: mapServiceNodePorts, vmap: true}})...)
 }
 
 // nodePortRules match NodePort traffic to node addresses, one rule per
-// action (each applied to `meta l4proto . th dport`); nothing when no
-// address accepts NodePorts.
-func (r *renderer) nodePortRules(actions ...string) []string {
-	var head string
+// action (each a lookup of `meta l4proto . th dport`, maybe with a
+// verdict); nothing when no address accepts NodePorts.
+func (r *renderer) nodePortRules(actions ...rule) []rule {
+	var head rule
 	switch {
 	case r.nodePortAll:
-		head = "fib daddr type local "
+		head = rule{fibLocal{}}
 	case len(r.nodePortCIDRs) > 0:
-		head = r.ipX + " daddr @" + setNodePortIPs + " fib daddr type local "
+		head = rule{lookup{key: key{{sel: r.daddr}}, set: setNodePortIPs}, fibLocal{}}
 	default:
 		return nil
 	}
-	var rules []string
+	head = append(head, addrCmp{sel: r.daddr, neg: true, p: r.loopback})
+	var rules []rule
 	for _, a := range actions {
-		rules = append(rules, head+r.ipX+" daddr != "+r.loopback+" meta l4proto . th dport "+a)
+		rules = append(rules, append(slices.Clip(head), a...))
 	}
 	return rules
 }
 
-func (r *renderer) masqueradingRules() []string {
-	tuple := r.ipX + " saddr . " + r.ipX + " daddr . meta l4proto . th dport"
-	return []string{
-		"mark and " + r.masqMark + " != 0 mark set mark xor " + r.masqMark + " masquerade fully-random",
-		"ct status dnat " + tuple + " @" + setHairpin + " masquerade fully-random",
+func (r *renderer) masqueradingRules() []rule {
+	tuple := key{{sel: r.saddr}, {sel: r.daddr}, {sel: selL4proto}, {sel: selDport}}
+	return []rule{
+		{markTest{mask: r.masqMark}, markSet{xor: true, v: r.masqMark}, masquerade{}},
+		{ctMatch{dnat: true}, lookup{key: tuple, set: setHairpin}, masquerade{}},
 	}
 }

@@ -1,12 +1,12 @@
 package nftables
 
 import (
-	"fmt"
 	"hash/fnv"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kproxy/kproxy/internal/model"
 )
@@ -19,7 +19,7 @@ type portCtx struct {
 	human string // ns/name/proto/port, the readable part of names
 	// affinity maps an endpoint to its key in the affinity set (ClientIP
 	// affinity only).
-	affinity map[netip.AddrPort]string
+	affinity map[netip.AddrPort]key
 	// cluster and local are the policy chains; "" when not used.
 	cluster, local string
 	// ext is the chain external destinations go to; "" when not used.
@@ -57,11 +57,11 @@ func (r *renderer) affinityKeys(c *portCtx) {
 	if c.sp.AffinityTimeout <= 0 {
 		return
 	}
-	c.affinity = map[netip.AddrPort]string{}
+	c.affinity = map[netip.AddrPort]key{}
 	for _, ep := range c.sp.AllReachable {
 		h := fnv.New32a()
 		h.Write([]byte(c.human + "/" + epName(ep)))
-		c.affinity[ep.AddrPort()] = fmt.Sprintf("%s saddr . 0x%08x", r.ipX, h.Sum32())
+		c.affinity[ep.AddrPort()] = key{{sel: r.saddr}, {mark: h.Sum32()}}
 	}
 }
 
@@ -96,19 +96,19 @@ func (r *renderer) endpointChain(c *portCtx, prefix string, eps []*model.Endpoin
 		}
 		r.full = append(r.full, c.human)
 	}
-	var rules []string
+	var rules []rule
 	for _, ep := range eps {
-		if key, ok := c.affinity[ep.AddrPort()]; ok {
-			rules = append(rules, fmt.Sprintf("%s @%s %s", key, setAffinity, r.dnat(c, ep)))
+		if k, ok := c.affinity[ep.AddrPort()]; ok {
+			rules = append(rules, append(rule{lookup{key: k, set: setAffinity}}, r.dnat(c, ep)...))
 		}
 	}
 	m := len(eps)
 	for i, ep := range eps {
-		pick := ""
+		var pick rule
 		if i < m-1 {
-			pick = fmt.Sprintf("numgen random mod %d 0 ", m-i)
+			pick = rule{numgenZero{mod: uint32(m - i)}}
 		}
-		rules = append(rules, pick+r.dnat(c, ep))
+		rules = append(rules, append(pick, r.dnat(c, ep)...))
 	}
 	ch := &chain{Rules: rules}
 	ch.Name = contentName(prefix, c.human, rules...)
@@ -126,23 +126,23 @@ func (r *renderer) mappedChain(c *portCtx, prefix string, eps []*model.Endpoint)
 		return "", false
 	}
 	c.ps.Blocks = append(c.ps.Blocks, key)
-	rule := fmt.Sprintf("meta l4proto %s dnat %s to numgen random mod %d offset %d map @%s", c.proto, r.ipX, blockSpan, b.offset(), b.shard)
+	pick := rule{protoCmp{proto: c.proto}, dnatMap{v6: r.v6, mod: blockSpan, offset: b.offset(), set: b.shard}}
 	for i, keyRange := range blockRanges(b, len(eps)) {
 		c.ps.Elems = append(c.ps.Elems, element{Set: b.shard, Key: keyRange, Value: addrPort(eps[i].IP, eps[i].Port)})
 	}
-	ch := &chain{Rules: []string{rule}, Name: contentName(prefix, c.human+blockSuffix(b), rule)}
+	ch := &chain{Rules: []rule{pick}, Name: contentName(prefix, c.human+blockSuffix(b), pick)}
 	c.ps.Chains = append(c.ps.Chains, ch)
 	return ch.Name, true
 }
 
-// dnat is the statement sending a packet to ep (recording the client for
-// affinity when the Service has it).
-func (r *renderer) dnat(c *portCtx, ep *model.Endpoint) string {
-	s := "meta l4proto " + c.proto + " "
-	if key, ok := c.affinity[ep.AddrPort()]; ok {
-		s += fmt.Sprintf("update @%s { %s timeout %ds } ", setAffinity, key, c.sp.AffinityTimeout)
+// dnat are the statements sending a packet to ep (recording the client
+// for affinity when the Service has it).
+func (r *renderer) dnat(c *portCtx, ep *model.Endpoint) rule {
+	out := rule{protoCmp{proto: c.proto}}
+	if k, ok := c.affinity[ep.AddrPort()]; ok {
+		out = append(out, setUpdate{set: setAffinity, key: k, timeout: time.Duration(c.sp.AffinityTimeout) * time.Second})
 	}
-	return s + "dnat to " + ep.AddrPort().String()
+	return append(out, dnatTo{to: ep.AddrPort()})
 }
 
 // hairpin lists local endpoints so that an endpoint reaching itself through
@@ -167,18 +167,18 @@ func (r *renderer) externalChain(c *portCtx) {
 	}
 	// Both policy chains a rule names here always exist for an externally
 	// accessible port (UsesClusterEndpoints, UsesLocalEndpoints).
-	var rules []string
+	var rules []rule
 	target := c.cluster
 	if c.sp.ExternalPolicyLocal {
 		target = c.local
-		if r.ifLocal != "" {
-			rules = append(rules, r.ifLocal+" goto "+c.cluster)
+		if r.ifLocal != nil {
+			rules = append(rules, rule{r.ifLocal, goTo(c.cluster)})
 		}
-		rules = append(rules, "fib saddr type local "+r.masq, "fib saddr type local goto "+c.cluster)
+		rules = append(rules, rule{fibLocal{saddr: true}, r.masq}, rule{fibLocal{saddr: true}, goTo(c.cluster)})
 	} else {
-		rules = append(rules, r.masq)
+		rules = append(rules, rule{r.masq})
 	}
-	rules = append(rules, "goto "+target)
+	rules = append(rules, rule{goTo(target)})
 	ch := &chain{Rules: rules, Name: contentName("ext", c.human, rules...)}
 	c.ps.Chains = append(c.ps.Chains, ch)
 	c.ext = ch.Name
@@ -254,21 +254,21 @@ func (r *renderer) loadBalancer(c *portCtx) {
 	if len(c.sp.LoadBalancerIPs) == 0 || len(c.sp.SourceRanges) == 0 {
 		return
 	}
-	var allowed []string
+	var allowed []netip.Prefix
 	fromNode := false
 	for _, p := range c.sp.SourceRanges {
-		allowed = append(allowed, p.Masked().String())
+		allowed = append(allowed, p.Masked())
 		fromNode = fromNode || (r.nodeIP.IsValid() && p.Contains(r.nodeIP))
 	}
 	if fromNode {
 		// A VIP configured on the node makes node traffic to it come from
 		// the VIP itself.
 		for _, ip := range c.sp.LoadBalancerIPs {
-			allowed = append(allowed, ip.String())
+			allowed = append(allowed, netip.PrefixFrom(ip, ip.BitLen()))
 		}
 	}
-	rule := fmt.Sprintf("%s saddr != { %s } drop", r.ipX, strings.Join(allowed, ", "))
-	ch := &chain{Rules: []string{rule}, Name: contentName("fw", c.human, rule)}
+	fw := rule{allowOnly{sel: r.saddr, allowed: allowed}}
+	ch := &chain{Rules: []rule{fw}, Name: contentName("fw", c.human, fw)}
 	c.ps.Chains = append(c.ps.Chains, ch)
 	for _, ip := range c.sp.LoadBalancerIPs {
 		c.add(mapFirewallIPs, c.dstKey(ip), "goto "+ch.Name)

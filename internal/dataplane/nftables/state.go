@@ -39,7 +39,7 @@ type portState struct {
 type chain struct {
 	Name  string
 	Base  *baseSpec // nil for a regular chain
-	Rules []string
+	Rules []rule
 }
 
 // baseSpec attaches a chain to a netfilter hook.
@@ -138,12 +138,13 @@ func (s *set) fields() (key, data []string) {
 // contentName returns prefix-HASH-human, where HASH covers human and every
 // part of content, so that a name identifies the object's whole content: a
 // chain whose rules change gets a new name. The result fits nftables' limit.
-func contentName(prefix, human string, content ...string) string {
+func contentName(prefix, human string, content ...rule) string {
 	h := sha256.New()
 	h.Write([]byte(human))
+	var buf [256]byte
 	for _, c := range content {
 		h.Write([]byte{0})
-		h.Write([]byte(c))
+		h.Write(c.appendText(buf[:0]))
 	}
 	sum := base32.StdEncoding.EncodeToString(h.Sum(nil))
 	name := prefix + "-" + sum[:10] + "-" + human

@@ -1,10 +1,13 @@
 package nftables
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/google/nftables/expr"
 
 	"github.com/kproxy/kproxy/internal/trace"
 )
@@ -14,14 +17,14 @@ import (
 // load-balancing rules. It reads the rules from a ruleSource: the rules
 // render produced (the dataplane tests, and the model's side of `kproxy
 // explain --verify`) or the rules read back from the kernel (the
-// kernel's side). It understands exactly the rule vocabulary render emits
-// and fails the trace (trace.Failf) on anything else.
+// kernel's side). It evaluates render's typed statements and fails the
+// trace (trace.Failf) on a rule nldecode could not read (foreign).
 
 // ruleSource is what the tracer reads: the rules of a chain (false when
 // the chain does not exist) and the elements of a set or map, key ->
 // value as render formats them.
 type ruleSource interface {
-	chainRules(name string) ([]string, bool)
+	chainRules(name string) ([]rule, bool)
 	setElements(name string) map[string]string
 }
 
@@ -65,7 +68,7 @@ func newDesiredSource(d *desired) *desiredSource {
 	return s
 }
 
-func (s *desiredSource) chainRules(name string) ([]string, bool) {
+func (s *desiredSource) chainRules(name string) ([]rule, bool) {
 	c := s.chains[name]
 	if c == nil {
 		return nil, false
@@ -133,119 +136,141 @@ func (tr *tracer) chain(st *trace.Branch, name string, depth int) string {
 }
 
 // rule evaluates one rule; "" means continue with the next rule.
-func (tr *tracer) rule(st *trace.Branch, rule string, depth int) string {
-	toks := tokenize(rule)
-	for len(toks) > 0 {
-		ok, v, rest := tr.step(st, toks, depth)
+func (tr *tracer) rule(st *trace.Branch, r rule, depth int) string {
+	for _, s := range r {
+		ok, v := tr.step(st, s, depth)
 		if !ok {
 			return ""
 		}
 		if v != "" {
 			return v
 		}
-		toks = rest
 	}
 	return ""
 }
 
 // verdict applies a verdict statement: jump returns into the rule; goto
 // does not.
-func (tr *tracer) verdict(st *trace.Branch, verb, target string, depth int) string {
-	switch verb {
-	case "jump":
-		if v := tr.chain(st, target, depth+1); v != "return" {
-			return v
+func (tr *tracer) verdict(st *trace.Branch, v verdict, depth int) string {
+	switch v.kind {
+	case expr.VerdictJump:
+		if got := tr.chain(st, v.chain, depth+1); got != "return" {
+			return got
 		}
 		return ""
-	case "goto":
-		v := tr.chain(st, target, depth+1)
-		if v == "" {
+	case expr.VerdictGoto:
+		got := tr.chain(st, v.chain, depth+1)
+		if got == "" {
 			return "return"
 		}
-		return v
+		return got
 	}
-	return verb
+	return v.word()
 }
 
-// step consumes one match or statement from toks. ok=false: no match.
-// v != "": the rule ends with that verdict.
-func (tr *tracer) step(st *trace.Branch, toks []string, depth int) (ok bool, v string, rest []string) {
-	switch toks[0] {
-	case "ct":
-		if toks[1] == "state" {
-			return toks[2] == "new", "", toks[3:]
+// step evaluates one statement. ok=false: no match. v != "": the rule
+// ends with that verdict.
+func (tr *tracer) step(st *trace.Branch, s stmt, depth int) (ok bool, v string) {
+	switch s := s.(type) {
+	case ctMatch:
+		if s.dnat {
+			return st.DNATted, ""
 		}
-		return st.DNATted, "", toks[3:] // ct status dnat
-	case "jump", "goto":
-		return true, tr.verdict(st, toks[0], toks[1], depth), nil
-	case "drop", "reject", "accept", "return":
-		return true, toks[0], nil
-	case foreignRule:
-		trace.Failf("%s holds a rule kproxy does not write: %s", toks[1], strings.Join(toks[2:], " "))
-	case "fib":
-		a := st.Dst
-		if toks[1] == "saddr" {
-			a = st.Src
+		return true, "" // a traced packet starts a connection
+	case verdict:
+		return true, tr.verdict(st, s, depth)
+	case reject:
+		return true, "reject"
+	case foreign:
+		trace.Failf("%s", s.what)
+	case fibLocal:
+		if s.saddr {
+			return tr.isLocal(st.Src), ""
 		}
-		return tr.isLocal(a), "", toks[4:]
-	case "iifname":
-		return tr.matchIface(st, toks)
-	case "mark":
-		return tr.markStep(st, toks)
-	case "masquerade":
+		return tr.isLocal(st.Dst), ""
+	case iifname:
+		m := st.Iif == s.name
+		if p, ok := strings.CutSuffix(s.name, "*"); ok {
+			m = strings.HasPrefix(st.Iif, p)
+		}
+		return m != s.neg, ""
+	case markTest:
+		return st.Mark&s.mask != 0, ""
+	case markSet:
+		if s.xor {
+			st.Mark ^= s.v
+		} else {
+			st.Mark |= s.v
+		}
+		return true, ""
+	case masquerade:
 		st.Masq = true
-		return true, "accept", nil
-	case "numgen":
-		return st.Choose(), "", toks[5:]
-	case "update":
-		end := slices.Index(toks, "}")
-		return true, "", toks[end+1:]
-	case "dnat":
-		if len(toks) == 11 { // dnat ip to numgen random mod M offset B map @m
-			return tr.mappedDNAT(st, toks)
+		return true, "accept"
+	case numgenZero:
+		return st.Choose(), ""
+	case setUpdate:
+		return true, ""
+	case dnatTo:
+		st.Dst, st.DPort, st.DNATted = s.to.Addr(), s.to.Port(), true
+		return true, "accept"
+	case dnatMap:
+		return tr.mappedDNAT(st, s)
+	case lookup:
+		return tr.lookupStep(st, s, depth)
+	case addrCmp:
+		a := st.Src
+		if s.sel == selDaddr4 || s.sel == selDaddr6 {
+			a = st.Dst
 		}
-		ap := netip.MustParseAddrPort(toks[2])
-		st.Dst, st.DPort, st.DNATted = ap.Addr(), ap.Port(), true
-		return true, "accept", nil
+		return s.p.Contains(a) != s.neg, ""
+	case protoCmp:
+		return (st.Proto == s.proto) != s.neg, ""
+	case allowOnly:
+		for _, p := range s.allowed {
+			if p.Contains(st.Src) {
+				return false, ""
+			}
+		}
+		return true, "drop"
 	}
-	return tr.exprStep(st, toks, depth)
+	trace.Failf("tracer does not understand %q", rule{s})
+	return false, ""
 }
 
 // mappedDNAT picks one range of the block [B, B+M) of the map (one binary
 // numgen decision per range, so every range is a branch) and DNATs to its
 // endpoint; no range (no endpoints) DNATs nothing. The ranges must tile the
 // block with sizes differing by at most one key: a uniform choice.
-func (tr *tracer) mappedDNAT(st *trace.Branch, toks []string) (bool, string, []string) {
-	m, _ := strconv.ParseUint(toks[6], 10, 64)
-	base, _ := strconv.ParseUint(toks[8], 10, 64)
+func (tr *tracer) mappedDNAT(st *trace.Branch, d dnatMap) (bool, string) {
+	m, base := uint64(d.mod), uint64(d.offset)
 	type rng struct {
 		first, last uint64
 		value       string
 	}
 	var rs []rng
-	for k, v := range tr.src.setElements(toks[10][1:]) {
+	for k, v := range tr.src.setElements(d.set) {
 		first, last, err := parseRange(k)
 		if err != nil {
-			trace.Failf("element %q of %s is not a range", k, toks[10])
+			trace.Failf("element %q of %s is not a range", k, d.set)
 		}
 		if uint64(first) >= base && uint64(first) < base+m {
 			rs = append(rs, rng{uint64(first), uint64(last), v})
 		}
 	}
 	if len(rs) == 0 {
-		return false, "", nil
+		return false, ""
 	}
 	slices.SortFunc(rs, func(a, b rng) int { return int(a.first - b.first) })
 	next := base
 	for _, r := range rs {
 		size := r.last - r.first + 1
 		if r.first != next || size < m/uint64(len(rs)) || size > m/uint64(len(rs))+1 {
-			trace.Failf("ranges of %s in [%d, %d) are not a uniform split: %v", toks[10], base, base+m, rs)
+			trace.Failf("ranges of %s in [%d, %d) are not a uniform split: %v", d.set, base, base+m, rs)
 		}
 		next = r.last + 1
 	}
 	if next != base+m {
-		trace.Failf("ranges of %s do not cover [%d, %d): %v", toks[10], base, base+m, rs)
+		trace.Failf("ranges of %s do not cover [%d, %d): %v", d.set, base, base+m, rs)
 	}
 	i := 0
 	for ; i < len(rs)-1; i++ {
@@ -257,102 +282,42 @@ func (tr *tracer) mappedDNAT(st *trace.Branch, toks []string) (bool, string, []s
 	a, _ := netip.ParseAddr(f[0])
 	port, _ := strconv.Atoi(f[1])
 	st.Dst, st.DPort, st.DNATted = a, uint16(port), true
-	return true, "accept", nil
+	return true, "accept"
 }
 
-func (tr *tracer) matchIface(st *trace.Branch, toks []string) (bool, string, []string) {
-	neg := toks[1] == "!="
-	var pat string
-	if neg {
-		pat, toks = toks[2], toks[3:]
-	} else {
-		pat, toks = toks[1], toks[2:]
+// lookupStep evaluates `KEY @set` and `KEY vmap @map`.
+func (tr *tracer) lookupStep(st *trace.Branch, l lookup, depth int) (bool, string) {
+	parts := make([]string, len(l.key))
+	for i, p := range l.key {
+		parts[i] = tr.field(st, p)
 	}
-	pat = strings.Trim(pat, `"`)
-	m := st.Iif == pat
-	if strings.HasSuffix(pat, "*") {
-		m = strings.HasPrefix(st.Iif, strings.TrimSuffix(pat, "*"))
+	v, found := tr.lookup(l.set, strings.Join(parts, fieldSep))
+	if !found || !l.vmap {
+		return found, ""
 	}
-	return m != neg, "", toks
+	verb, chain, _ := strings.Cut(v, " ")
+	for kind, word := range verdictWords {
+		if word == verb {
+			return true, tr.verdict(st, verdict{kind: kind, chain: chain}, depth)
+		}
+	}
+	trace.Failf("map %s holds %q, not a verdict", l.set, v)
+	return false, ""
 }
 
-func (tr *tracer) markStep(st *trace.Branch, toks []string) (bool, string, []string) {
-	val := func(s string) uint32 {
-		n, err := strconv.ParseUint(s, 0, 32)
-		if err != nil {
-			trace.Failf("bad mark %q", s)
-		}
-		return uint32(n)
+// field returns a packet field (or a constant) as set elements write it.
+func (tr *tracer) field(st *trace.Branch, p keyPart) string {
+	switch p.sel {
+	case selNone:
+		return fmt.Sprintf("0x%08x", p.mark)
+	case selSaddr4, selSaddr6:
+		return st.Src.String()
+	case selDaddr4, selDaddr6:
+		return st.Dst.String()
+	case selL4proto:
+		return st.Proto
 	}
-	switch {
-	case toks[1] == "and": // mark and X != 0
-		return st.Mark&val(toks[2]) != 0, "", toks[5:]
-	case toks[3] == "or": // mark set mark or X
-		st.Mark |= val(toks[4])
-	default: // mark set mark xor X
-		st.Mark ^= val(toks[4])
-	}
-	return true, "", toks[5:]
-}
-
-// exprStep handles `sel [. sel]* (vmap @m | @s | != v | v | != { ... })`.
-func (tr *tracer) exprStep(st *trace.Branch, toks []string, depth int) (bool, string, []string) {
-	var key []string
-	for {
-		val, n := tr.selector(st, toks)
-		key = append(key, val)
-		toks = toks[n:]
-		if len(toks) == 0 || toks[0] != "." {
-			break
-		}
-		toks = toks[1:]
-	}
-	k := strings.Join(key, " . ")
-	switch {
-	case toks[0] == "vmap":
-		v, found := tr.lookup(toks[1][1:], k)
-		if !found {
-			return false, "", nil
-		}
-		f := strings.Fields(v)
-		if len(f) == 1 {
-			return true, f[0], nil
-		}
-		return true, tr.verdict(st, f[0], f[1], depth), nil
-	case strings.HasPrefix(toks[0], "@"):
-		_, found := tr.lookup(toks[0][1:], k)
-		return found, "", toks[1:]
-	case toks[0] == "!=" && toks[1] == "{":
-		end := slices.Index(toks, "}")
-		in := false
-		for _, s := range toks[2:end] {
-			in = in || contains(strings.TrimSuffix(s, ","), k)
-		}
-		return !in, "", toks[end+1:]
-	case toks[0] == "!=":
-		return !contains(toks[1], k), "", toks[2:]
-	}
-	return contains(toks[0], k), "", toks[1:]
-}
-
-// selector returns the value of one packet field (or a constant of a
-// concatenation) and how many tokens it took.
-func (tr *tracer) selector(st *trace.Branch, toks []string) (string, int) {
-	if strings.HasPrefix(toks[0], "0x") {
-		return toks[0], 1
-	}
-	switch toks[0] + " " + toks[1] {
-	case "ip saddr", "ip6 saddr":
-		return st.Src.String(), 2
-	case "ip daddr", "ip6 daddr":
-		return st.Dst.String(), 2
-	case "meta l4proto":
-		return st.Proto, 2
-	case "th dport":
-		return strconv.Itoa(int(st.DPort)), 2
-	}
-	trace.Failf("tracer does not understand %q", strings.Join(toks, " "))
-	return "", 0
+	return strconv.Itoa(int(st.DPort))
 }
 
 // lookup finds k in a set, also as an address inside a CIDR element.
@@ -387,9 +352,4 @@ func contains(pattern, v string) bool {
 		}
 	}
 	return pattern == v
-}
-
-func tokenize(rule string) []string {
-	rule = strings.NewReplacer("{", " { ", "}", " } ").Replace(rule)
-	return strings.Fields(rule)
 }

@@ -33,7 +33,7 @@ func Verify(cfg dataplane.Config, table string, snap *model.Snapshot, p trace.Pa
 		return v, fmt.Errorf("tracing kproxy's own rules: %w", err)
 	}
 	k := &kernelSource{nl: newNetlinkReader(fam, table), want: newDesiredSource(d),
-		sets: map[string]*set{}, chains: map[string][]string{}, elems: map[string]map[string]string{}}
+		sets: map[string]*set{}, chains: map[string][]rule{}, elems: map[string]map[string]string{}}
 	for _, s := range d.Sets {
 		k.sets[s.Name] = s
 	}
@@ -51,7 +51,7 @@ type kernelSource struct {
 	nl     *netlinkReader
 	want   *desiredSource
 	sets   map[string]*set
-	chains map[string][]string          // visited chain -> decoded rules (nil: missing)
+	chains map[string][]rule            // visited chain -> decoded rules (nil: missing)
 	elems  map[string]map[string]string // visited set -> elements
 	order  []string                     // chains and sets, as visited
 	// byNormName indexes want's port chains by normalized name (wantChain).
@@ -59,11 +59,7 @@ type kernelSource struct {
 	err        error // a failed read (not a difference)
 }
 
-// foreignRule stands for a kernel rule render does not write; the tracer
-// fails when it reaches one.
-const foreignRule = "foreign-rule"
-
-func (k *kernelSource) chainRules(name string) ([]string, bool) {
+func (k *kernelSource) chainRules(name string) ([]rule, bool) {
 	if rules, seen := k.chains[name]; seen {
 		return rules, true
 	}
@@ -79,20 +75,20 @@ func (k *kernelSource) chainRules(name string) ([]string, bool) {
 	return rules, true
 }
 
-func (k *kernelSource) readChain(name string) ([]string, error) {
-	texts, errs, found, err := k.nl.chainRules(name)
+func (k *kernelSource) readChain(name string) ([]rule, error) {
+	rules, errs, found, err := k.nl.chainRules(name)
 	if err != nil || !found {
 		return nil, err
 	}
-	if texts == nil {
-		texts = []string{}
+	if rules == nil {
+		rules = []rule{}
 	}
 	for i, derr := range errs {
 		if derr != nil {
-			texts[i] = fmt.Sprintf("%s %s#%d (%v)", foreignRule, name, i+1, derr)
+			rules[i] = rule{foreign{what: fmt.Sprintf("%s#%d holds a rule kproxy does not write (%v)", name, i+1, derr)}}
 		}
 	}
-	return texts, nil
+	return rules, nil
 }
 
 func (k *kernelSource) setElements(name string) map[string]string {
@@ -146,7 +142,7 @@ func normalized(s string) string {
 // wantChain finds the render's chain for a kernel chain name, also under
 // another history's name (the render's port chains by normalized name,
 // indexed at the first such lookup).
-func (k *kernelSource) wantChain(name string) ([]string, bool) {
+func (k *kernelSource) wantChain(name string) ([]rule, bool) {
 	if rules, ok := k.want.chainRules(name); ok {
 		return rules, true
 	}
@@ -190,20 +186,12 @@ func (k *kernelSource) chainNotes(name string) []string {
 	case got == nil:
 		return []string{fmt.Sprintf("chain %s is missing in the kernel", name)}
 	}
-	norm := func(rs []string) []string {
+	norm := func(rs []rule) []string {
 		out := make([]string, 0, len(rs))
 		for _, r := range rs {
-			if head, list, ok := k.nl.allowList(r); ok { // written as one rule per item (ruleExprs)
-				for _, a := range list {
-					if p, err := netip.ParsePrefix(a); err == nil && p.IsSingleIP() {
-						a = p.Addr().String() // the kernel compares the address alone
-					}
-					out = append(out, head+" "+a+" return")
-				}
-				out = append(out, "drop")
-				continue
+			for _, kr := range r.kernelRules() {
+				out = append(out, normalized(kr.String()))
 			}
-			out = append(out, normalized(r))
 		}
 		return out
 	}
