@@ -32,6 +32,8 @@ func (o debugObserver) Synced(r SyncReport) {
 	s := inspect.Sync{Time: r.Start, Duration: r.Duration, Full: r.Full, Reason: r.Reason, Changed: r.Pending}
 	if r.Err != nil {
 		s.Error = r.Err.Error()
+	} else if r.KernelOps >= 0 {
+		s.KernelOps = &r.KernelOps
 	}
 	o.rec.Synced(s, r.Snapshot)
 }

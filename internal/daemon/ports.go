@@ -108,6 +108,10 @@ type SyncReport struct {
 	// Rules are the backend's rule counts after a successful sync (iptables
 	// mode; nil for the others).
 	Rules []dataplane.RuleCount
+	// KernelOps is how many kernel operations the sync wrote
+	// (dataplane.OpCounter; in iptables mode the rules written); -1 when
+	// the dataplane does not say.
+	KernelOps int
 	// Writer is how the dataplane writes rules, where it has a choice
 	// (iptables mode: "netlink" or "iptables-restore").
 	Writer string

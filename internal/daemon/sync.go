@@ -37,8 +37,16 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 	}
 	first := d.prev == nil
 	report.Programmed = dpDone
+	report.KernelOps = -1
 	if rc, ok := d.dp.(dataplane.RuleCounter); ok {
 		report.Rules = rc.RuleCounts()
+		report.KernelOps = 0
+		for _, c := range report.Rules {
+			report.KernelOps += c.LastSync
+		}
+	}
+	if oc, ok := d.dp.(dataplane.OpCounter); ok {
+		report.KernelOps = oc.LastSyncOps()
 	}
 	if w, ok := d.dp.(interface{ Writer() string }); ok {
 		report.Writer = w.Writer()

@@ -65,6 +65,15 @@ type ObjectCounter interface {
 	PortObjects(fs *model.FamilySnapshot, node model.NodeInfo) map[model.PortID]int
 }
 
+// OpCounter is a dataplane that can say how many kernel operations its
+// last successful sync wrote (rules, chains, sets and elements added,
+// flushed or deleted; rules in iptables mode). A restart that finds its
+// rules in the kernel writes only what changed meanwhile; kproxy inspect
+// shows the count.
+type OpCounter interface {
+	LastSyncOps() int
+}
+
 // RuleCount is one table's rules in one family: owned, and written by the
 // last sync.
 type RuleCount struct {

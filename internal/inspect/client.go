@@ -62,6 +62,9 @@ func WriteTable(w io.Writer, st *State) error {
 	fmt.Fprintf(&b, "node %s, %s mode (%s)", st.Node, st.Mode, strings.Join(st.Families, ", "))
 	if s := st.LastSync; s != nil {
 		fmt.Fprintf(&b, "; last sync %s ago, %s, took %s", st.Now.Sub(s.Time).Round(time.Millisecond), syncKind(s), s.Duration.Round(time.Microsecond))
+		if s.KernelOps != nil {
+			fmt.Fprintf(&b, ", %d kernel operations", *s.KernelOps)
+		}
 		if s.Error != "" {
 			fmt.Fprintf(&b, ", FAILED: %s", s.Error)
 		}

@@ -39,8 +39,10 @@ type State struct {
 	// programmed the kernel (nil before the first).
 	LastSync    *Sync `json:"lastSync,omitempty"`
 	LastSuccess *Sync `json:"lastSuccess,omitempty"`
-	Syncs       int   `json:"syncs"`
-	FailedSyncs int   `json:"failedSyncs"`
+	// FirstSuccess is this process's first successful sync.
+	FirstSuccess *Sync `json:"firstSuccess,omitempty"`
+	Syncs        int   `json:"syncs"`
+	FailedSyncs  int   `json:"failedSyncs"`
 	// DriftRepairs counts the syncs that repaired kernel state changed
 	// behind kproxy's back.
 	DriftRepairs int `json:"driftRepairs"`
@@ -59,6 +61,10 @@ type Sync struct {
 	Reason   string        `json:"reason,omitempty"`
 	Changed  int           `json:"changedServices"`
 	Error    string        `json:"error,omitempty"`
+	// KernelOps is how many kernel operations a successful sync wrote
+	// (absent when the mode does not say): after a restart, the first
+	// sync writes only what changed while kproxy was down.
+	KernelOps *int `json:"kernelOperations,omitempty"`
 }
 
 // Service is one service port in one family as the last successful sync
@@ -96,6 +102,7 @@ type Recorder struct {
 	snap     *model.Snapshot
 	last     *Sync
 	success  *Sync
+	first    *Sync
 	syncs    int
 	failed   int
 	drift    int
@@ -144,6 +151,9 @@ func (r *Recorder) Synced(s Sync, snap *model.Snapshot) {
 		r.drift++
 	}
 	r.success = &s
+	if r.first == nil {
+		r.first = &s
+	}
 	r.snap = snap
 }
 
@@ -158,7 +168,7 @@ func (r *Recorder) Pending(services, endpoints int) {
 func (r *Recorder) State(now time.Time) *State {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	st := &State{Node: r.node, Mode: r.mode, Families: r.fams, Now: now, LastSync: r.last, LastSuccess: r.success,
+	st := &State{Node: r.node, Mode: r.mode, Families: r.fams, Now: now, LastSync: r.last, LastSuccess: r.success, FirstSuccess: r.first,
 		Syncs: r.syncs, FailedSyncs: r.failed, DriftRepairs: r.drift, PendingServices: r.pendSvc, PendingEndpoints: r.pendEps,
 		Services: []Service{}}
 	if r.snap != nil {

@@ -42,13 +42,17 @@ func TestRecorderState(t *testing.T) {
 		t.Fatalf("before any sync: %+v", st)
 	}
 	at := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
-	r.Synced(Sync{Time: at, Duration: 3 * time.Millisecond, Full: true, Reason: "initial"}, snapshot(t))
+	ops := 12
+	r.Synced(Sync{Time: at, Duration: 3 * time.Millisecond, Full: true, Reason: "initial", KernelOps: &ops}, snapshot(t))
 	r.Synced(Sync{Time: at.Add(time.Second), Reason: "change", Error: "boom"}, nil)
 	r.Synced(Sync{Time: at.Add(2 * time.Second), Full: true, Reason: "drift"}, snapshot(t))
 	r.Pending(2, 5)
 	st := r.State(at.Add(3 * time.Second))
 	if st.Syncs != 3 || st.FailedSyncs != 1 || st.DriftRepairs != 1 || st.PendingServices != 2 || st.PendingEndpoints != 5 {
 		t.Errorf("counters %+v", st)
+	}
+	if f := st.FirstSuccess; f == nil || f.Reason != "initial" || f.KernelOps == nil || *f.KernelOps != 12 || st.LastSuccess.Reason != "drift" {
+		t.Errorf("first success %+v, last %+v; want the initial sync's 12 operations, then drift", f, st.LastSuccess)
 	}
 	if len(st.Services) != 1 {
 		t.Fatalf("services %+v", st.Services)

@@ -79,6 +79,7 @@ var featureCases = []fcase{
 	{"UDPGainsEndpoint", testUDPGainsEndpoint},
 	{"NoBlackholeOnAddBack", testNoBlackholeOnAddBack},
 	{"RestartUnderTraffic", testRestartUnderTraffic},
+	{"CrashUnderChurn", testCrashUnderChurn}, // features_crash_test.go
 	{"FlushRepair", testFlushRepair},
 	// inspect_test.go (kproxy's debug endpoint: kproxy inspect, explain --debug-address)
 	{"Inspect", testInspect},

@@ -36,13 +36,9 @@ func testInspect(t *testing.T, b *fbed, f family) {
 	name := svc.Namespace + "/" + svc.Name + ":tcp"
 	var entry inspect.Service
 	eventually(t, b.exited, func() error {
-		out, err := node.Run(context.Background(), kproxyBinary(t), "inspect", "--address", debugAddress, "-o", "json")
+		st, err := inspectState(t, node)
 		if err != nil {
 			return err
-		}
-		var st inspect.State
-		if err := json.Unmarshal([]byte(out), &st); err != nil {
-			return fmt.Errorf("%v: %s", err, out)
 		}
 		if st.Node != "node1" || st.Mode != b.mode || st.LastSuccess == nil || st.Syncs < 1 {
 			return fmt.Errorf("node %q mode %q lastSuccess %v syncs %d", st.Node, st.Mode, st.LastSuccess, st.Syncs)

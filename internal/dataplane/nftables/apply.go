@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -52,6 +53,8 @@ type famState struct {
 	// The replacement is atomic, so traffic sees the old rules or the new
 	// ones, never neither; it is never staged.
 	replace bool
+	// lastOps counts the changes the last sync sent (opList.changes).
+	lastOps int
 
 	r     *renderer
 	slots *slotAlloc // endpoints-map blocks, kept across syncs
@@ -257,7 +260,8 @@ func (st *famState) sync(ctx context.Context, cfg dataplane.Config, fs *model.Fa
 			st.prepareIncremental(fs, req, &t)
 			st.refreshServiceCIDRs(cfg, &t)
 		}
-		logger.V(4).Info("Applying nftables changes", "family", st.fam, "full", full, "operations", t.ops().len(), "replace", st.replace)
+		st.lastOps = t.ops().changes()
+		logger.V(4).Info("Applying nftables changes", "family", st.fam, "full", full, "operations", t.ops().len(), "changes", st.lastOps, "replace", st.replace)
 		err = st.kern.Apply(ctx, t.ops())
 	}
 	if st.r != nil && len(st.r.full) > 0 {
@@ -287,13 +291,20 @@ func (st *famState) syncStaged(ctx context.Context, cfg dataplane.Config, fs *mo
 	stages := make(chan func() opList, 64)
 	stop, done := make(chan struct{}), make(chan struct{})
 	var renderErr error
+	var ops atomic.Int64 // stages are made in ApplyStages' encoding goroutine
+	defer func() { st.lastOps = int(ops.Load()) }()
 	go func() {
 		defer close(done)
 		defer close(stages)
 		renderErr = catch("rendering the full sync", func() {
 			st.renderFull(cfg, fs, node, t, func(stage func() opList) bool {
+				counted := func() opList {
+					l := stage()
+					ops.Add(int64(l.changes()))
+					return l
+				}
 				select {
-				case stages <- stage:
+				case stages <- counted:
 					return true
 				case <-stop:
 					return false

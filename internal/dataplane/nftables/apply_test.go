@@ -234,6 +234,27 @@ func TestApplyRestartReusesTable(t *testing.T) {
 	e.checkKernel(snap)
 }
 
+// TestApplyRestartCountsChanges: LastSyncOps after a restart counts what
+// the fixed chains and configured sets take, whatever the number of
+// Services; a cold sync counts every port's rules and elements too.
+func TestApplyRestartCountsChanges(t *testing.T) {
+	e := newApplyEnv(t)
+	e.sync(scaleSnapshot(10, 2), dataplane.SyncRequest{Full: true})
+	e.restart()
+	e.sync(scaleSnapshot(10, 2), dataplane.SyncRequest{Full: true})
+	small := e.p.LastSyncOps()
+
+	e = newApplyEnv(t)
+	snap := scaleSnapshot(300, 5)
+	e.sync(snap, dataplane.SyncRequest{Full: true})
+	cold := e.p.LastSyncOps()
+	e.restart()
+	e.sync(snap, dataplane.SyncRequest{Full: true})
+	if restart := e.p.LastSyncOps(); restart != small || cold < 300*5 {
+		t.Errorf("restart at 300 Services wrote %d changes, at 10 %d (want the same); cold %d", restart, small, cold)
+	}
+}
+
 func TestApplyRestartRemovesLeftovers(t *testing.T) {
 	e := newApplyEnv(t)
 	e.sync(featureSnapshot(), dataplane.SyncRequest{Full: true})

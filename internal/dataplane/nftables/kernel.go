@@ -45,6 +45,23 @@ func (l opList) len() int {
 	return n
 }
 
+// changes counts the operations that change the kernel's rules: every one
+// but the declarations (adding a table, chain, set or map, which changes
+// nothing when it exists and is followed by what fills it when it does not).
+func (l opList) changes() int {
+	n := 0
+	for o := range l.all {
+		switch o.obj.(type) {
+		case *knftables.Table, *knftables.Chain, *knftables.Set, *knftables.Map:
+			if o.verb == opAdd {
+				continue
+			}
+		}
+		n++
+	}
+	return n
+}
+
 // all yields every operation in order.
 func (l opList) all(yield func(op) bool) {
 	for _, part := range l {

@@ -151,6 +151,21 @@ func (p *Proxier) Sync(ctx context.Context, snap *model.Snapshot, req dataplane.
 	return nil
 }
 
+// LastSyncOps returns the changes (rules and elements added, objects
+// flushed or deleted; not the declarations of what exists) the last Sync
+// sent to the kernel, over its families (dataplane.OpCounter).
+func (p *Proxier) LastSyncOps() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, st := range p.fams {
+		if st != nil {
+			n += st.lastOps
+		}
+	}
+	return n
+}
+
 // SetServiceCIDRs replaces Config.ServiceCIDRs, the cluster's service IP
 // ranges (both families mixed; from the ServiceCIDR objects, as upstream's
 // OnServiceCIDRsChanged receives them). New connections to an address in
