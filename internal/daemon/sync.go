@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"k8s.io/klog/v2"
 
@@ -20,6 +21,9 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 	b := d.inputs.Tracker.Take()
 	snap, problems := model.Update(d.prev, b.Input, b.Changed)
 	d.problems.log(ctx, problems)
+	if b.NodeChanged && d.prev != nil {
+		logNodeChange(logger, d.prev.Node, snap.Node, dataplane.LocalMode(d.o.Config.DetectLocalMode) == dataplane.LocalNodeCIDR)
+	}
 	d.handServiceCIDRs(ctx, snap)
 	modelDone := d.env.clock.Now()
 
@@ -93,5 +97,33 @@ func (p *problemLog) log(ctx context.Context, problems []model.Problem) {
 		}
 		p.seen[key] = struct{}{}
 		logger.Info("Skipping invalid input", "kind", pr.Kind, "object", pr.Object.String(), "field", pr.Field, "reason", pr.Reason)
+	}
+}
+
+// logNodeChange says what a change of this node's Node object means for
+// proxying. Upstream exits on a podCIDR change in NodeCIDR mode (to be
+// restarted) and only logs other changes; kproxy follows them live.
+func logNodeChange(logger klog.Logger, prev, cur model.NodeInfo, nodeCIDR bool) {
+	switch {
+	case prev.Known && !cur.Known:
+		logger.Info("This node's Node object is gone; Services are still proxied, topology hints are ignored until it is back", "node", cur.Name)
+		return
+	case !prev.Known && cur.Known:
+		logger.Info("This node's Node object exists again", "node", cur.Name, "podCIDRs", cur.PodCIDRs, "internalIPs", cur.InternalIPs)
+		return
+	}
+	if !slices.Equal(prev.PodCIDRs, cur.PodCIDRs) {
+		msg := "This node's podCIDRs changed"
+		switch {
+		case nodeCIDR && len(cur.PodCIDRs) == 0:
+			msg += "; detect-local-mode NodeCIDR now counts no traffic as from local pods"
+		case nodeCIDR:
+			msg += "; detect-local-mode NodeCIDR follows them"
+		}
+		logger.Info(msg, "node", cur.Name, "old", prev.PodCIDRs, "new", cur.PodCIDRs)
+	}
+	if !slices.Equal(prev.InternalIPs, cur.InternalIPs) || !slices.Equal(prev.ExternalIPs, cur.ExternalIPs) {
+		logger.Info("This node's addresses changed; kproxy keeps the node IPs it started with, as upstream does",
+			"node", cur.Name, "oldInternalIPs", prev.InternalIPs, "newInternalIPs", cur.InternalIPs)
 	}
 }

@@ -80,10 +80,7 @@ func testCrashUnderChurn(t *testing.T, b *fbed, f family) {
 			}
 			eps = append(eps, controlplane.ReadyEndpoint(a, "node2", ""))
 		}
-		addrType := discoveryv1.AddressTypeIPv4
-		if f.v6 {
-			addrType = discoveryv1.AddressTypeIPv6
-		}
+		addrType := sliceAddressType(f)
 		return controlplane.NewEndpointSlice(b.api.ns, svc, svc+"-"+f.name, addrType, defaultEndpointPorts(), eps...)
 	}
 	start := time.Now()

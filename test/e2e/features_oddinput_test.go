@@ -12,8 +12,10 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/kproxy/kproxy/test/testbed/controlplane"
+	"github.com/kproxy/kproxy/test/testbed/netbed"
 	"github.com/kproxy/kproxy/test/testbed/netbed/echo"
 )
 
@@ -28,20 +30,8 @@ func testOddInput(t *testing.T, b *fbed, f family) {
 	ctx := context.Background()
 	on2 := b.podsOn("node2")
 	from := b.pods[0].Netns
-	canary := b.applyService(t, svcName("oddcanary", f), v1.ServiceTypeClusterIP)
-	b.setSlices(t, canary.Name, nil, readyEPs(on2...))
-	canaryReq := req(echo.ProtoTCP, clusterIP(t, canary, f.v6), 80)
-	waitForPods(t, b.exited, from, canaryReq, on2...)
-	stillFine := func(step string) {
-		t.Helper()
-		if got := burst(from, canaryReq, 10); len(got.failures) > 0 {
-			t.Fatalf("after %s the canary Service fails: %s", step, got)
-		}
-	}
-	addrType := discoveryv1.AddressTypeIPv4
-	if f.v6 {
-		addrType = discoveryv1.AddressTypeIPv6
-	}
+	stillFine := b.canary(t, f, "oddcanary", false)
+	addrType := sliceAddressType(f)
 	applySlice := func(svc, name string, ports []discoveryv1.EndpointPort, eps ...discoveryv1.Endpoint) {
 		t.Helper()
 		s := controlplane.NewEndpointSlice(b.api.ns, svc, name, addrType, ports, eps...)
@@ -202,7 +192,126 @@ func testOddInput(t *testing.T, b *fbed, f family) {
 	stillFine("a ClusterIP change by re-creation")
 }
 
+// canary applies a Service sending to node2's pods and returns a check
+// that it still answers a pod of node1 (and, withNodePort, the client
+// through node1's NodePort), failing the test after step when it fails.
+func (b *fbed) canary(t *testing.T, f family, name string, withNodePort bool) func(step string) {
+	t.Helper()
+	on2 := b.podsOn("node2")
+	typ := v1.ServiceTypeClusterIP
+	if withNodePort {
+		typ = v1.ServiceTypeNodePort
+	}
+	svc := b.applyService(t, svcName(name, f), typ)
+	b.setSlices(t, svc.Name, nil, readyEPs(on2...))
+	type probe struct {
+		ns   *netbed.Netns
+		r    echo.Request
+		what string
+	}
+	probes := []probe{{b.pods[0].Netns, req(echo.ProtoTCP, clusterIP(t, svc, f.v6), 80), "from a pod"}}
+	if withNodePort {
+		probes = append(probes, probe{b.bed.Client(), req(echo.ProtoTCP, nodeAddr(b.node(0), f), nodePort(t, svc, "tcp")), "through node1's NodePort"})
+	}
+	for _, p := range probes {
+		waitForPods(t, b.exited, p.ns, p.r, on2...)
+	}
+	return func(step string) {
+		t.Helper()
+		for _, p := range probes {
+			if got := burst(p.ns, p.r, 10); len(got.failures) > 0 {
+				t.Fatalf("after %s the canary Service fails %s: %s", step, p.what, got)
+			}
+		}
+	}
+}
+
 func firstLine(s string) string {
 	line, _, _ := strings.Cut(s, "\n")
 	return line
+}
+
+// testOddNodeInput feeds the rest of the odd input through the real API
+// server, checking after each step that a canary NodePort Service still
+// answers from a pod of node1 and from the client through node1:
+//   - the same endpoint in two slices with different conditions (ready in
+//     one, terminating in the other): the ready one counts, as upstream
+//     resolves it, and kproxy logs the duplicate;
+//   - node1's Node object deleted, then created again without podCIDRs
+//     and addresses (podCIDRs cannot be removed by an update), then
+//     restored: Services keep being proxied and kproxy says what it does.
+func testOddNodeInput(t *testing.T, b *fbed, f family) {
+	ctx := context.Background()
+	on2 := b.podsOn("node2")
+	from := b.pods[0].Netns
+	stillFine := b.canary(t, f, "oddnodecanary", true)
+	addrType := sliceAddressType(f)
+
+	// The same endpoint (the first pod of node2) ready in slice -a and
+	// terminating (not serving) in slice -b, which also lists the second
+	// pod: both pods get traffic.
+	dupLogged := b.logWatch(t, "duplicate endpoint "+netip.AddrPortFrom(podIP(on2[0], f), echoPort).String())
+	dup := b.applyService(t, svcName("odddup", f), v1.ServiceTypeClusterIP)
+	ready := endpointOf(b.api.ns, ep{pod: on2[0]}, f)
+	gone := ready
+	gone.Conditions = discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(false), Terminating: ptr.To(true)}
+	for name, eps := range map[string][]discoveryv1.Endpoint{
+		"a": {ready},
+		"b": {gone, endpointOf(b.api.ns, ep{pod: on2[1]}, f)},
+	} {
+		s := controlplane.NewEndpointSlice(b.api.ns, dup.Name, dup.Name+"-"+name, addrType, defaultEndpointPorts(), eps...)
+		if _, err := b.api.cp.ApplyEndpointSlice(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.api.cp.DeleteEndpointSlice(context.Background(), b.api.ns, s.Name) })
+	}
+	waitForPods(t, b.exited, from, req(echo.ProtoTCP, clusterIP(t, dup, f.v6), 80), on2...)
+	dupLogged()
+	stillFine("a duplicate endpoint")
+
+	// node1's Node object deleted, re-created bare, then restored.
+	spec := b.node(0).Spec
+	name := spec.Name
+	goneLogged, backLogged := b.logWatch(t, "Node object is gone"), b.logWatch(t, "Node object exists again")
+	if err := b.api.cp.DeleteNode(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // whatever happens, node1 gets its Node back
+		_ = b.api.cp.DeleteNode(context.Background(), name)
+		_, _ = b.api.cp.CreateNode(context.Background(), name, []netip.Prefix{spec.PodCIDR4, spec.PodCIDR6}, []netip.Addr{spec.IP4, spec.IP6}, spec.Zone)
+	})
+	goneLogged()
+	stillFine("deleting node1's Node")
+	if _, err := b.api.cp.CreateNode(ctx, name, nil, nil, spec.Zone); err != nil {
+		t.Fatal(err)
+	}
+	backLogged()
+	stillFine("re-creating node1's Node without podCIDRs or addresses")
+	if err := b.api.cp.DeleteNode(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.api.cp.CreateNode(ctx, name, []netip.Prefix{spec.PodCIDR4, spec.PodCIDR6}, []netip.Addr{spec.IP4, spec.IP6}, spec.Zone); err != nil {
+		t.Fatal(err)
+	}
+	stillFine("restoring node1's Node")
+	b.checkKproxysRunning(t)
+}
+
+// logWatch counts text in node1's kproxy log now; the function it
+// returns waits until the text is logged once more.
+func (b *fbed) logWatch(t *testing.T, text string) func() {
+	kp := b.kproxys[b.node(0).Spec.Name]
+	before := strings.Count(kp.Log(), text)
+	return func() {
+		t.Helper()
+		if isUpstream() {
+			return
+		}
+		eventually(t, b.exited, func() error {
+			if strings.Count(kp.Log(), text) == before {
+				return fmt.Errorf("not logged yet")
+			}
+			return nil
+		}, "node1's kproxy logs %q", text)
+	}
 }

@@ -89,6 +89,7 @@ var featureCases = []fcase{
 	{"ServiceTrafficMetrics", testServiceTrafficMetrics},
 	// features_oddinput_test.go (odd objects through the API server)
 	{"OddInput", testOddInput},
+	{"OddNodeInput", testOddNodeInput},
 	// features_iptables_test.go (iptables mode only)
 	{"LocalhostNodePort", testLocalhostNodePort},
 }

@@ -303,10 +303,7 @@ func (b *fbed) setSlices(t *testing.T, svc string, ports []discoveryv1.EndpointP
 		ports = defaultEndpointPorts()
 	}
 	for _, fam := range []family{{name: "ipv4"}, {name: "ipv6", v6: true}} {
-		addrType := discoveryv1.AddressTypeIPv4
-		if fam.v6 {
-			addrType = discoveryv1.AddressTypeIPv6
-		}
+		addrType := sliceAddressType(fam)
 		var out []discoveryv1.Endpoint
 		for _, e := range eps {
 			out = append(out, endpointOf(b.api.ns, e, fam))
@@ -318,6 +315,14 @@ func (b *fbed) setSlices(t *testing.T, svc string, ports []discoveryv1.EndpointP
 		}
 		t.Cleanup(func() { _ = b.api.cp.DeleteEndpointSlice(context.Background(), b.api.ns, name) })
 	}
+}
+
+// sliceAddressType is the EndpointSlice address type of a family.
+func sliceAddressType(f family) discoveryv1.AddressType {
+	if f.v6 {
+		return discoveryv1.AddressTypeIPv6
+	}
+	return discoveryv1.AddressTypeIPv4
 }
 
 func endpointOf(ns string, e ep, f family) discoveryv1.Endpoint {
