@@ -5,7 +5,7 @@ BIN     ?= bin
 GOFLAGS ?=
 FUZZTIME ?= 20s
 
-.PHONY: all build test unit fuzz e2e e2e-ipvs bench bench-scale bench-ipvs bench-smoke lint demo ci clean testbed-deps
+.PHONY: all build test unit fuzz e2e e2e-long e2e-ipvs bench bench-scale bench-ipvs bench-smoke lint demo ci clean testbed-deps
 
 all: build
 
@@ -41,8 +41,23 @@ e2e-ipvs: build testbed-deps
 		sh test/vm/e2e.sh $(BIN)/e2e.test "$(E2E_IPVS_RUN)" "$(E2E_IPVS_SKIP)" "$(E2E_VM_SCTP_RUN)" \
 		2>&1 | tee $(BIN)/e2e-ipvs.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|e2e:|vm.sh:' ; exit $${PIPESTATUS[0]}
 
+## long run (root): steady churn against kproxy on the testbed, reporting
+## RSS and goroutine slopes and sync durations per window; fails on a
+## goroutine leak, uncoalesced syncs or a backlog (test/bench/soak_test.go).
+## CI runs 1k Services for 5 minutes; the hour at 10k:
+## make e2e-long SOAK_SERVICES=10000 SOAK_DURATION=60m
+SOAK_SERVICES ?= 1000
+SOAK_DURATION ?= 5m
+SOAK_RATE     ?= 10
+SOAK_MODE     ?= nftables
+e2e-long: build testbed-deps
+	KPROXY_SOAK=1 BENCH_SERVICES=$(SOAK_SERVICES) BENCH_ENDPOINTS=10 BENCH_MODE=$(SOAK_MODE) BENCH_PROXY=kproxy \
+		SOAK_DURATION=$(SOAK_DURATION) SOAK_RATE=$(SOAK_RATE) \
+		KPROXY_BIN=$(abspath $(BIN))/kproxy KPROXY_ECHO=$(abspath $(BIN))/kproxy-echo \
+		$(GO) test -tags e2e -run TestSoak -count=1 -v -timeout 180m ./test/bench/ 2>&1 | tee $(BIN)/e2e-long.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|soak:' ; exit $${PIPESTATUS[0]}
+
 ## what the README calls "the test command"
-test: lint unit fuzz e2e e2e-ipvs bench-smoke
+test: lint unit fuzz e2e e2e-long e2e-ipvs bench-smoke
 
 testbed-deps:
 	bash tools/build-apiserver.sh

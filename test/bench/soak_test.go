@@ -1,0 +1,259 @@
+//go:build e2e
+
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kproxy/kproxy/test/testbed/netbed"
+)
+
+// TestSoak is the long run: kproxy on node1 with BENCH_SERVICES ×
+// BENCH_ENDPOINTS, then SOAK_DURATION (default 5m) of steady churn at
+// SOAK_RATE changes per second (default 10): three in four changes move
+// one bulk Service's endpoints, one in four creates a Service (and, once
+// 50 exist, deletes the oldest it created). It samples kproxy's RSS and
+// goroutines every 10 s and its sync durations per window, and reports
+// the slopes over the run after the first tenth (warm-up). It fails when
+// kproxy exits, when its goroutines grow past the warm-up count + 20 (a
+// leak), when syncs do not coalesce the changes (more syncs than half the
+// changes), or when the kernel does not hold every live Service within
+// 30 s of the last change. Timings and RSS are reported, not judged.
+//
+//	make e2e-long                                         # 1k Services, 5 min (CI)
+//	make e2e-long SOAK_SERVICES=10000 SOAK_DURATION=60m   # the hour at 10k
+func TestSoak(t *testing.T) {
+	if os.Getenv("KPROXY_SOAK") == "" {
+		t.Skip("long run: run it with `make e2e-long` (KPROXY_SOAK=1)")
+	}
+	netbed.RequireRoot(t)
+	p, err := loadParams()
+	if err != nil {
+		t.Fatal(err)
+	}
+	duration, err := time.ParseDuration(envOr("SOAK_DURATION", "5m"))
+	if err != nil {
+		t.Fatalf("SOAK_DURATION: %v", err)
+	}
+	rate, err := strconv.ParseFloat(envOr("SOAK_RATE", "10"), 64)
+	if err != nil || rate <= 0 {
+		t.Fatalf("SOAK_RATE: %q is not a positive rate", os.Getenv("SOAK_RATE"))
+	}
+	p.kproxyBin = privateCopy(t, p.kproxyBin)
+	c := config{proxy: "kproxy", mode: p.modes[0]}
+	s := newSuite(t, p)
+	s.createBulk(t)
+	ctx := context.Background()
+	rb := newRunBed(t, p)
+	if err := s.resetProbe(); err != nil {
+		t.Fatal(err)
+	}
+	began, err := rb.start(p.binary(c.proxy), c.mode, kubeconfigFor(t, s.cp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rb.stop()
+	smp := startSampler(rb.proc.PID(), time.Second)
+	defer smp.close()
+	f := newFigures()
+	if !rb.measureColdStart(ctx, c, p, s.objs, f, began, smp, smp.phaseStart()) {
+		t.Fatalf("cold start: %s", strings.Join(f.notes, "; "))
+	}
+	t.Logf("soak: %s %s: cold start %.2f s; churn for %v at %.0f changes/s", p.size(), c, f.values["cold_start_s"], duration, rate)
+
+	ch := &churn{s: s, next: p.services}
+	var samples []soakSample
+	var windows []float64 // sync p99 per window, ms
+	window := max(duration/10, time.Minute)
+	syncs0, err := scrapeHistograms(ctx, rb.node.Netns, metricSync)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prevSyncs := syncs0
+	start := time.Now()
+	tick := time.NewTicker(time.Duration(float64(time.Second) / rate))
+	defer tick.Stop()
+	nextSample, nextWindow := start, start.Add(window)
+	for now := range tick.C {
+		if now.Sub(start) >= duration {
+			break
+		}
+		if err := rb.exited(); err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.step(ctx); err != nil {
+			t.Fatalf("change %d: %v", ch.changes, err)
+		}
+		if now.After(nextSample) {
+			samples = append(samples, rb.soakSample(ctx, now.Sub(start)))
+			nextSample = nextSample.Add(10 * time.Second)
+		}
+		if now.After(nextWindow) {
+			if h, err := scrapeHistograms(ctx, rb.node.Netns, metricSync); err == nil {
+				d := h[metricSync].sub(prevSyncs[metricSync])
+				windows = append(windows, d.quantile(0.99)*1000)
+				prevSyncs = h
+			}
+			nextWindow = nextWindow.Add(window)
+		}
+	}
+	churned := time.Since(start)
+	samples = append(samples, rb.soakSample(ctx, churned))
+
+	// No backlog: the kernel holds every live Service soon after.
+	want := ch.liveIPs()
+	if _, err := rb.waitKernel(ctx, c, want, time.Now().Add(30*time.Second)); err != nil {
+		t.Errorf("30 s after the churn the kernel lacks live Services: %v", err)
+	}
+	end, err := scrapeHistograms(ctx, rb.node.Netns, metricSync)
+	if err != nil {
+		t.Fatal(err)
+	}
+	syncs := end[metricSync].sub(syncs0[metricSync])
+
+	warm := samples[:0:0]
+	for _, x := range samples {
+		if x.at >= churned/10 {
+			warm = append(warm, x)
+		}
+	}
+	rssSlope := slope(warm, func(x soakSample) float64 { return x.rssMiB }) * 3600
+	grSlope := slope(warm, func(x soakSample) float64 { return float64(x.goroutines) }) * 3600
+	first, last := warm[0], warm[len(warm)-1]
+	t.Logf("soak: %d changes in %v (%d Services created, %d deleted); %0.f syncs (%.1f changes per sync)",
+		ch.changes, churned.Round(time.Second), ch.created, ch.deleted, syncs.count, float64(ch.changes)/math.Max(syncs.count, 1))
+	t.Logf("soak: RSS %.1f MiB after warm-up, %.1f MiB at the end, slope %+.1f MiB/h; goroutines %d -> %d, slope %+.1f/h",
+		first.rssMiB, last.rssMiB, rssSlope, first.goroutines, last.goroutines, grSlope)
+	t.Logf("soak: sync p99 per %v window (ms): %s; over the run: p50 %.1f ms, p99 %.1f ms",
+		window, fmtList(windows), syncs.quantile(0.5)*1000, syncs.quantile(0.99)*1000)
+	for _, x := range samples {
+		if x.goroutines > first.goroutines+20 {
+			t.Errorf("goroutines grew from %d after warm-up to %d at %v: a leak", first.goroutines, x.goroutines, x.at.Round(time.Second))
+			break
+		}
+	}
+	if syncs.count > float64(ch.changes)/2 {
+		t.Errorf("%.0f syncs for %d changes: the queue does not coalesce", syncs.count, ch.changes)
+	}
+}
+
+// churn makes the soak's changes.
+type churn struct {
+	s                         *suite
+	changes, created, deleted int
+	next                      int   // index of the next Service to create
+	extra                     []int // created Services, oldest first
+}
+
+// maxExtra is how many created Services live at once.
+const maxExtra = 50
+
+func (c *churn) step(ctx context.Context) error {
+	c.changes++
+	w := c.s.writers[c.changes%len(c.s.writers)]
+	if c.changes%4 == 0 && c.next < maxServices {
+		if len(c.extra) == maxExtra {
+			old := c.extra[0]
+			c.extra = c.extra[1:]
+			if err := w.CoreV1().Services(benchNS).Delete(ctx, serviceName(old), metav1.DeleteOptions{}); err != nil {
+				return err
+			}
+			if err := w.DiscoveryV1().EndpointSlices(benchNS).Delete(ctx, serviceName(old)+"-1", metav1.DeleteOptions{}); err != nil {
+				return err
+			}
+			c.deleted++
+		}
+		if err := c.s.objs.create(ctx, w, c.next); err != nil {
+			return err
+		}
+		c.extra = append(c.extra, c.next)
+		c.next++
+		c.created++
+		return nil
+	}
+	// Move one bulk Service's endpoints by one place in the fake range.
+	o := c.s.objs
+	i := (c.changes * 7919) % o.n
+	for o.sample[i] {
+		i = (i + 1) % o.n
+	}
+	slices := w.DiscoveryV1().EndpointSlices(benchNS)
+	cur, err := slices.Get(ctx, serviceName(i)+"-1", metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	want := o.slice(o.service(i), i)
+	for j := range want.Endpoints {
+		want.Endpoints[j] = fakeEndpoint((i*o.m + j + c.changes) % fakeEndpointSpace)
+	}
+	want.ResourceVersion = cur.ResourceVersion
+	_, err = slices.Update(ctx, want, metav1.UpdateOptions{})
+	return err
+}
+
+// liveIPs are the ClusterIPs of every Service that exists now.
+func (c *churn) liveIPs() map[netip.Addr]bool {
+	out := c.s.objs.allIPs()
+	for _, i := range c.extra {
+		out[addrAdd(clusterIPBase, i)] = true
+	}
+	return out
+}
+
+// soakSample is kproxy's state at one moment of the soak.
+type soakSample struct {
+	at         time.Duration
+	rssMiB     float64
+	goroutines int
+}
+
+func (r *runBed) soakSample(ctx context.Context, at time.Duration) soakSample {
+	x := soakSample{at: at, goroutines: -1}
+	if u, ok := readUsage(r.proc.PID()); ok {
+		x.rssMiB = float64(u.rss) / mib
+	}
+	if code, body, err := r.node.Netns.HTTPGet(ctx, metricsURL); err == nil && code == 200 {
+		for _, line := range strings.Split(body, "\n") {
+			if v, ok := strings.CutPrefix(line, "go_goroutines "); ok {
+				n, _ := strconv.ParseFloat(v, 64)
+				x.goroutines = int(n)
+			}
+		}
+	}
+	return x
+}
+
+// slope is the least-squares slope of value over time, per second.
+func slope(xs []soakSample, value func(soakSample) float64) float64 {
+	var n, sx, sy, sxx, sxy float64
+	for _, x := range xs {
+		t, v := x.at.Seconds(), value(x)
+		n++
+		sx += t
+		sy += v
+		sxx += t * t
+		sxy += t * v
+	}
+	if d := n*sxx - sx*sx; d != 0 {
+		return (n*sxy - sx*sy) / d
+	}
+	return 0
+}
+
+func fmtList(v []float64) string {
+	parts := make([]string, len(v))
+	for i, x := range v {
+		parts[i] = fmt.Sprintf("%.1f", x)
+	}
+	return strings.Join(parts, " ")
+}
