@@ -107,7 +107,7 @@ func fits(chains, rules int) bool { return chains <= batchChains && rules <= bat
 // is unreferenced until its bucket's rule appears in the final input.
 func splitLeaves(shared []*Chain) (fixed []*Chain, leaves portGroups) {
 	for _, c := range shared {
-		if isBucket(c.Name) && !slices.ContainsFunc(c.Rules, func(r string) bool { return strings.Contains(r, " -g ") }) {
+		if isBucket(c.Name) && !slices.ContainsFunc(c.Rules, func(r rule) bool { return r.target.kind == targetGoto }) {
 			leaves = append(leaves, []*Chain{c})
 			continue
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -66,16 +67,16 @@ func encodeSections(fam model.Family, ws []*tableWrite, pool *nfnl.Pool) (*nfnl.
 		for _, name := range w.deletes {
 			declareChain(b, w.table, name)
 		}
-		for _, c := range w.chains {
-			for _, r := range c.Rules {
-				if err := addRule(b, &scratch, fam, w.table, c.Name, r, true); err != nil {
+		for _, c := range slices.Concat(w.chains, w.appends) {
+			for i := range c.Rules {
+				if err := addRule(b, &scratch, fam, w.table, c.Name, c.Rules[i].String(), true); err != nil {
 					return nil, err
 				}
 			}
 		}
 		for i := len(w.inserts) - 1; i >= 0; i-- {
 			j := w.inserts[i]
-			if err := addRule(b, &scratch, fam, w.table, j.Chain, j.Rule, false); err != nil {
+			if err := addRule(b, &scratch, fam, w.table, j.Chain, j.Rule.String(), false); err != nil {
 				return nil, err
 			}
 		}

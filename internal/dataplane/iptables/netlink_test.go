@@ -3,6 +3,7 @@ package iptables
 import (
 	"bytes"
 	"errors"
+	"net/netip"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -61,8 +62,8 @@ func TestUntranslatableRules(t *testing.T) {
 		"--dport 80",
 		"! -s 0.0.0.0/0 -j ACCEPT",
 	} {
-		w := &tableWrite{table: tableNAT, chains: []*Chain{{Name: "KUBE-TEST", Rules: []string{rule}}}}
-		if _, err := encodeSections(model.IPv4, []*tableWrite{w}, nil); !errors.Is(err, errNotNetlink) {
+		b := nfnl.NewBatch(unix.NFPROTO_IPV4, nil, 0)
+		if err := addRule(b, &xtRule{}, model.IPv4, tableNAT, "KUBE-TEST", rule, true); !errors.Is(err, errNotNetlink) {
 			t.Errorf("%q: got %v, want errNotNetlink", rule, err)
 		}
 	}
@@ -73,15 +74,15 @@ func TestUntranslatableRules(t *testing.T) {
 }
 
 func TestAllAddressesEncodeNothing(t *testing.T) {
-	one := func(rule string) int {
-		w := &tableWrite{table: tableNAT, chains: []*Chain{{Name: "KUBE-TEST", Rules: []string{rule}}}}
+	one := func(r rule) int {
+		w := &tableWrite{table: tableNAT, chains: []*Chain{{Name: "KUBE-TEST", Rules: []rule{r}}}}
 		b, err := encodeSections(model.IPv4, []*tableWrite{w}, nil)
 		if err != nil {
-			t.Fatalf("%q: %v", rule, err)
+			t.Fatalf("%s: %v", r, err)
 		}
 		return b.Len()
 	}
-	if a, b := one("-s 0.0.0.0/0 -j ACCEPT"), one("-j ACCEPT"); a != b {
+	if a, b := one(rb().src(prefixAddr(netip.MustParsePrefix("0.0.0.0/0"))).accept()), one(rb().accept()); a != b {
 		t.Errorf("-s 0.0.0.0/0 encoded %d bytes, a rule without it %d", a, b)
 	}
 }
@@ -135,7 +136,7 @@ func TestReusedRuleEncodesAsFresh(t *testing.T) {
 		rs := Render(p.params(), snap.V4, snap.Node)
 		for _, w := range rulesetWrites(rs) {
 			for _, c := range w.chains {
-				rules = append(rules, c.Rules...)
+				rules = append(rules, ruleTexts(c.Rules)...)
 			}
 		}
 	}

@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"slices"
 	"strings"
 )
 
@@ -9,6 +10,8 @@ type tableWrite struct {
 	table string
 	// chains are created if missing, flushed and refilled.
 	chains []*Chain
+	// appends are rules appended to existing chains, which keep theirs.
+	appends []*Chain
 	// delRules are rules ("<chain> <rule>") deleted before anything else.
 	delRules []string
 	// inserts are jump rules inserted at the top of built-in chains.
@@ -18,12 +21,13 @@ type tableWrite struct {
 }
 
 func (w *tableWrite) empty() bool {
-	return w == nil || len(w.chains)+len(w.delRules)+len(w.inserts)+len(w.deletes) == 0
+	return w == nil || len(w.chains)+len(w.appends)+len(w.delRules)+len(w.inserts)+len(w.deletes) == 0
 }
 
 // write appends the section to b: chain declarations first (which flush),
-// then rules, then jumps, then deletions, so that a chain is empty and
-// unreferenced when it is deleted.
+// then rules (the declared chains', then the appended ones), then jumps,
+// then deletions, so that a chain is empty and unreferenced when it is
+// deleted.
 func (w *tableWrite) write(b *strings.Builder) {
 	if w.empty() {
 		return
@@ -38,19 +42,21 @@ func (w *tableWrite) write(b *strings.Builder) {
 	for _, name := range w.deletes {
 		b.WriteString(":" + name + " - [0:0]\n")
 	}
-	for _, c := range w.chains {
-		for _, r := range c.Rules {
-			b.WriteString("-A " + c.Name)
-			if r != "" {
-				b.WriteString(" " + r)
+	var line []byte
+	for _, c := range slices.Concat(w.chains, w.appends) {
+		for i := range c.Rules {
+			line = append(append(line[:0], "-A "...), c.Name...)
+			if r := &c.Rules[i]; r.args[0] != argEnd || r.target.kind != targetNone {
+				line = r.appendText(append(line, ' '))
 			}
-			b.WriteByte('\n')
+			b.Write(append(line, '\n'))
 		}
 	}
 	// Insert in reverse so that the jumps end up in list order at the top.
 	for i := len(w.inserts) - 1; i >= 0; i-- {
 		j := w.inserts[i]
-		b.WriteString("-I " + j.Chain + " 1 " + j.Rule + "\n")
+		line = append(append(append(line[:0], "-I "...), j.Chain...), " 1 "...)
+		b.Write(append(j.Rule.appendText(line), '\n'))
 	}
 	for _, name := range w.deletes {
 		b.WriteString("-X " + name + "\n")
@@ -76,14 +82,14 @@ func sizeOf(ws []*tableWrite) int {
 		if w == nil {
 			continue
 		}
-		for _, c := range w.chains {
+		for _, c := range slices.Concat(w.chains, w.appends) {
 			n += 2 * (len(c.Name) + 10)
-			for _, r := range c.Rules {
-				n += len(c.Name) + len(r) + 5
+			for i := range c.Rules {
+				n += len(c.Name) + c.Rules[i].textSize() + 5
 			}
 		}
 		for _, j := range w.inserts {
-			n += len(j.Chain) + len(j.Rule) + 8
+			n += len(j.Chain) + j.Rule.textSize() + 8
 		}
 		for _, r := range w.delRules {
 			n += len(r) + 4
@@ -119,10 +125,10 @@ func parseSave(out string) *savedTable {
 }
 
 // ruleTarget returns the -j or -g target of a rule.
-func ruleTarget(rule string) string { return target(splitArgs(rule)) }
+func ruleTarget(rule string) string { return argsTarget(splitArgs(rule)) }
 
-// target is the -j or -g target of a rule's arguments.
-func target(args []string) string {
+// argsTarget is the -j or -g target of a rule's arguments.
+func argsTarget(args []string) string {
 	for i := 0; i+1 < len(args); i++ {
 		if args[i] == "-j" || args[i] == "-g" || args[i] == "--jump" || args[i] == "--goto" {
 			return args[i+1]
@@ -198,9 +204,8 @@ func unquote(tok string) string {
 // hasJump reports whether a built-in chain already holds jump j (same
 // target and comment; iptables-save may reorder or normalise the rest).
 func hasJump(saved *savedTable, j Jump) bool {
-	want := commentOf(j.Rule)
 	for _, r := range saved.rules[j.Chain] {
-		if ruleTarget(r) == j.Target && commentOf(r) == want {
+		if ruleTarget(r) == j.Target() && commentOf(r) == j.Rule.cmt {
 			return true
 		}
 	}

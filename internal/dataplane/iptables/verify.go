@@ -73,7 +73,7 @@ func (tr *tracer) keepBuiltinJumps(keep func(table, to string) bool) {
 	for table, chains := range tr.tables {
 		for name, rules := range chains {
 			if builtin(name) {
-				chains[name] = slices.DeleteFunc(rules, func(r []string) bool { return !keep(table, target(r)) })
+				chains[name] = slices.DeleteFunc(rules, func(r []string) bool { return !keep(table, argsTarget(r)) })
 			}
 		}
 	}
@@ -94,8 +94,8 @@ func chainNotes(want, got *tracer) []string {
 				out = append(out, fmt.Sprintf("chain %s/%s is missing in the kernel", table, name))
 			case builtin(name):
 				for _, r := range w[name] {
-					if !slices.ContainsFunc(rules, func(k []string) bool { return target(k) == target(r) }) {
-						out = append(out, fmt.Sprintf("chain %s/%s lacks kproxy's jump to %s", table, name, target(r)))
+					if !slices.ContainsFunc(rules, func(k []string) bool { return argsTarget(k) == argsTarget(r) }) {
+						out = append(out, fmt.Sprintf("chain %s/%s lacks kproxy's jump to %s", table, name, argsTarget(r)))
 					}
 				}
 			case len(rules) != len(w[name]):
