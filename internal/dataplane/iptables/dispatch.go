@@ -52,15 +52,31 @@ type dispatcher struct {
 	fam       model.Family
 	services  map[uint8][]rule
 	nodePorts map[string]map[uint16][]rule // proto -> port>>4 -> rules
+	// sizes of the buckets (reserve), so that each is allocated once
+	servicesSize  [256]int
+	nodePortsSize map[dispatchKey]int // proto and port>>4
 }
 
 func newDispatcher(fam model.Family) *dispatcher {
-	return &dispatcher{fam: fam, services: map[uint8][]rule{}, nodePorts: map[string]map[uint16][]rule{}}
+	return &dispatcher{fam: fam, services: map[uint8][]rule{}, nodePorts: map[string]map[uint16][]rule{},
+		nodePortsSize: map[dispatchKey]int{}}
 }
 
-func (d *dispatcher) add(e entry) {
+// reserve counts a nat entry that add will be given.
+func (d *dispatcher) reserve(e *entry) {
+	if e.chain == chainServices {
+		d.servicesSize[lowByte(e.key.addr)]++
+		return
+	}
+	d.nodePortsSize[portKey(e.key.proto, e.key.port>>4)]++
+}
+
+func (d *dispatcher) add(e *entry) {
 	if e.chain == chainServices {
 		b := lowByte(e.key.addr)
+		if d.services[b] == nil {
+			d.services[b] = make([]rule, 0, d.servicesSize[b])
+		}
 		d.services[b] = append(d.services[b], e.rule)
 		return
 	}
@@ -69,7 +85,11 @@ func (d *dispatcher) add(e entry) {
 		m = map[uint16][]rule{}
 		d.nodePorts[e.key.proto] = m
 	}
-	m[e.key.port>>4] = append(m[e.key.port>>4], e.rule)
+	b := e.key.port >> 4
+	if m[b] == nil {
+		m[b] = make([]rule, 0, d.nodePortsSize[portKey(e.key.proto, b)])
+	}
+	m[b] = append(m[b], e.rule)
 }
 
 // maskMatch matches addresses whose low bits (under mask) equal v.

@@ -213,8 +213,15 @@ func (r *renderer) sharedChains(order []*model.ServicePort, ports map[model.Port
 	}
 	d := newDispatcher(r.fam)
 	for _, sp := range order {
-		for _, e := range ports[sp.ID].entries {
-			if e.table == tableFilter {
+		for i, es := 0, ports[sp.ID].entries; i < len(es); i++ {
+			if es[i].table == tableNAT {
+				d.reserve(&es[i])
+			}
+		}
+	}
+	for _, sp := range order {
+		for i, es := 0, ports[sp.ID].entries; i < len(es); i++ {
+			if e := &es[i]; e.table == tableFilter {
 				lin[e.chain].Rules = append(lin[e.chain].Rules, e.rule)
 			} else {
 				d.add(e)
