@@ -35,7 +35,7 @@ type rule struct {
 }
 
 // maxArgs bounds a rule's arguments (the target aside); render's longest
-// rule has seven.
+// rules have five.
 const maxArgs = 8
 
 // argKind is one argument of a rule, as printed.
@@ -180,10 +180,20 @@ func (b *builder) src(a addr) *builder           { b.r.src = a; return b.push(ar
 func (b *builder) dst(a addr) *builder           { b.r.dst = a; return b.push(argDst) }
 func (b *builder) comment(c string) *builder     { b.r.cmt = c; return b.push(argComment) }
 func (b *builder) ctstate(s uint16) *builder     { b.r.states = s; return b.push(argCtstate) }
-func (b *builder) srcType(t uint16) *builder     { b.r.srcType = t; return b.push(argAddrType) }
-func (b *builder) dstType(t uint16) *builder     { b.r.dstType = t; return b.push(argAddrType) }
+func (b *builder) srcType(t uint16) *builder     { b.r.srcType = t; return b.addrType() }
+func (b *builder) dstType(t uint16) *builder     { b.r.dstType = t; return b.addrType() }
 func (b *builder) oneIn(n int) *builder          { b.r.oneIn = uint32(n); return b.push(argStatistic) }
 func (b *builder) recent(m recentMatch) *builder { b.r.recent = m; return b.push(argRecent) }
+
+// addrType adds the addrtype match once, for either or both types.
+func (b *builder) addrType() *builder {
+	for _, k := range b.r.args[:b.n] {
+		if k == argAddrType {
+			return b
+		}
+	}
+	return b.push(argAddrType)
+}
 
 // portMatch is "-m p -p p": the protocol, and its match for dport.
 func (b *builder) portMatch(p uint8) *builder { b.r.proto = p; return b.push(argPortMatch) }
@@ -212,21 +222,21 @@ func (b *builder) local(m localMatch) *builder {
 }
 
 // The targets end the rule.
-func (b *builder) to(t target) rule     { b.r.target = t; return b.r }
-func (b *builder) none() rule           { return b.r }
-func (b *builder) accept() rule         { return b.to(target{kind: targetAccept}) }
-func (b *builder) drop() rule           { return b.to(target{kind: targetDrop}) }
-func (b *builder) ret() rule            { return b.to(target{kind: targetReturn}) }
-func (b *builder) jump(c string) rule   { return b.to(target{kind: targetJump, chain: c}) }
-func (b *builder) goTo(c string) rule   { return b.to(target{kind: targetGoto, chain: c}) }
-func (b *builder) masquerade() rule     { return b.to(target{kind: targetMasquerade}) }
-func (b *builder) markOr(m uint32) rule { return b.to(target{kind: targetMarkOr, mark: m}) }
-func (b *builder) markXor(m uint32) rule {
-	return b.to(target{kind: targetMarkXor, mark: m})
+func (b *builder) to(t target) rule      { b.r.target = t; return b.r }
+func (b *builder) none() rule            { return b.r }
+func (b *builder) accept() rule          { return b.to(target{kind: targetAccept}) }
+func (b *builder) drop() rule            { return b.to(target{kind: targetDrop}) }
+func (b *builder) ret() rule             { return b.to(target{kind: targetReturn}) }
+func (b *builder) jump(c string) rule    { return b.to(target{kind: targetJump, chain: c}) }
+func (b *builder) goTo(c string) rule    { return b.to(target{kind: targetGoto, chain: c}) }
+func (b *builder) masquerade() rule      { return b.to(target{kind: targetMasquerade}) }
+func (b *builder) markOr(m uint32) rule  { return b.to(target{kind: targetMarkOr, mark: m}) }
+func (b *builder) markXor(m uint32) rule { return b.to(target{kind: targetMarkXor, mark: m}) }
+func (b *builder) dnat(to netip.AddrPort) rule {
+	return b.to(target{kind: targetDNAT, to: to})
 }
-func (b *builder) dnat(to netip.AddrPort) rule { return b.to(target{kind: targetDNAT, to: to}) }
 
-// protoNames by protocol number.
+// protoName is the name of protocol number p.
 func protoName(p uint8) string {
 	switch p {
 	case unix.IPPROTO_TCP:
