@@ -50,7 +50,7 @@ func lowByte(a netip.Addr) uint8 {
 // dispatcher collects nat entries into buckets.
 type dispatcher struct {
 	fam       model.Family
-	services  map[uint8][]rule
+	services  [256][]rule                  // by the destination's last byte
 	nodePorts map[string]map[uint16][]rule // proto -> port>>4 -> rules
 	// sizes of the buckets (reserve), so that each is allocated once
 	servicesSize  [256]int
@@ -58,7 +58,7 @@ type dispatcher struct {
 }
 
 func newDispatcher(fam model.Family) *dispatcher {
-	return &dispatcher{fam: fam, services: map[uint8][]rule{}, nodePorts: map[string]map[uint16][]rule{},
+	return &dispatcher{fam: fam, nodePorts: map[string]map[uint16][]rule{},
 		nodePortsSize: map[dispatchKey]int{}}
 }
 
@@ -102,11 +102,11 @@ func (d *dispatcher) maskMatch(v, mask uint8) *builder {
 func (d *dispatcher) chains(tail []rule) []*Chain {
 	top := &Chain{Name: chainServices}
 	var subs []*Chain
-	leaves := sortedKeys(d.services)
 	for mid := 0; mid < 16; mid++ {
 		midChain := &Chain{Name: fmt.Sprintf("%s%X", prefixServicesBucket, mid)}
-		for _, b := range leaves {
-			if int(b&0xf) != mid {
+		for i := mid; i < len(d.services); i += 16 {
+			b := uint8(i)
+			if len(d.services[b]) == 0 {
 				continue
 			}
 			leaf := fmt.Sprintf("%s%02X", prefixServicesBucket, b)

@@ -212,15 +212,17 @@ func (r *renderer) sharedChains(order []*model.ServicePort, ports map[model.Port
 		lin[name] = &Chain{Name: name}
 	}
 	d := newDispatcher(r.fam)
-	for _, sp := range order {
-		for i, es := 0, ports[sp.ID].entries; i < len(es); i++ {
-			if es[i].table == tableNAT {
-				d.reserve(&es[i])
+	entries := make([][]entry, len(order))
+	for i, sp := range order {
+		entries[i] = ports[sp.ID].entries
+		for j := range entries[i] {
+			if e := &entries[i][j]; e.table == tableNAT {
+				d.reserve(e)
 			}
 		}
 	}
-	for _, sp := range order {
-		for i, es := 0, ports[sp.ID].entries; i < len(es); i++ {
+	for _, es := range entries {
+		for i := range es {
 			if e := &es[i]; e.table == tableFilter {
 				lin[e.chain].Rules = append(lin[e.chain].Rules, e.rule)
 			} else {

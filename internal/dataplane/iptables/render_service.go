@@ -3,6 +3,7 @@ package iptables
 import (
 	"hash/maphash"
 	"net/netip"
+	"slices"
 	"strconv"
 
 	"golang.org/x/sys/unix"
@@ -348,6 +349,11 @@ func (r *renderer) policyChains(s *svcCtx) {
 // balance fills a policy chain with affinity and load-balancing rules.
 func (r *renderer) balance(s *svcCtx, chain string, eps []*model.Endpoint) {
 	c := s.chain(chain)
+	n := len(eps)
+	if s.sp.AffinityTimeout > 0 {
+		n *= 2
+	}
+	c.Rules = slices.Grow(c.Rules, n) // rules are large: no regrowth copies
 	if s.sp.AffinityTimeout > 0 {
 		for _, ep := range eps {
 			n := s.ep(ep)
@@ -377,6 +383,7 @@ func (r *renderer) endpointChains(s *svcCtx) {
 	for _, ep := range s.sp.AllReachable {
 		n := s.ep(ep)
 		c := s.chain(n.chain)
+		c.Rules = slices.Grow(c.Rules, 2)
 		hairpin := s.epRule(cmt).src(bareAddr(ep.IP)).jump(chainMarkMasq)
 		b := s.epRule(cmt)
 		if s.sp.AffinityTimeout > 0 {

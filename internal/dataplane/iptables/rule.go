@@ -20,10 +20,10 @@ type rule struct {
 	args   [maxArgs]argKind // in print order, up to the first argEnd
 	inv    uint16           // bit 1<<kind: the argument is negated ("!")
 	proto  uint8            // -p: unix.IPPROTO_TCP, _UDP or _SCTP
+	dport  portSpan         // --dport of the protocol's match (argPortMatch)
 	iface  string           // -i: a name, or "name+" for a prefix
 	src    addr             // -s
 	dst    addr             // -d
-	dport  portSpan         // --dport of the protocol's match (argPortMatch)
 	cmt    string           // -m comment --comment
 	states uint16           // -m conntrack --ctstate: ctState bits
 	// -m addrtype --src-type / --dst-type: addrType bits (0: not given)
@@ -126,10 +126,10 @@ const (
 // target is what a matching rule does; the zero target is none (the rule
 // only counts, like KUBE-FW's last rule).
 type target struct {
-	kind  targetKind
 	chain string         // jump, goto
 	to    netip.AddrPort // DNAT
 	mark  uint32         // MARK
+	kind  targetKind
 }
 
 type targetKind uint8
