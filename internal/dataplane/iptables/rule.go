@@ -387,6 +387,21 @@ func (m *recentMatch) appendText(b []byte) []byte {
 	return b
 }
 
+// name is the target's name after -j or -g: a chain, or a verdict or
+// target extension such as ACCEPT or DNAT; "" for none.
+func (t *target) name() string {
+	switch t.kind {
+	case targetJump, targetGoto:
+		return t.chain
+	case targetNone:
+		return ""
+	}
+	return targetNames[t.kind]
+}
+
+var targetNames = [...]string{targetAccept: "ACCEPT", targetDrop: "DROP", targetReturn: "RETURN", targetDNAT: "DNAT",
+	targetMarkOr: "MARK", targetMarkXor: "MARK", targetMasquerade: "MASQUERADE", targetReject: "REJECT", targetRejectTCPReset: "REJECT"}
+
 func (t *target) appendText(b []byte) []byte {
 	switch t.kind {
 	case targetAccept:
