@@ -11,11 +11,12 @@ import (
 // The tracer runs the first packet of a connection through netfilter's
 // hooks, exploring every branch of `statistic` and `recent` matches, over
 // either of two rule sets: render's typed rules (newRulesetTracer), or the
-// kernel's rules as iptables-save prints them (newRuleTracer). The
-// kernel's text is parsed here, and only here and in the full sync's
-// reads: it is the kernel's spelling, not kproxy's. The tracer knows the
-// rule vocabulary render emits, in both spellings, and fails the trace
-// (trace.Failf) on anything else.
+// kernel's rules as iptables-save prints them (newRuleTracer). That text
+// is the kernel's, in its own spelling, so it is parsed here (and where
+// full syncs and cleanup read the kernel); render's rules are never
+// printed to be parsed back. The tracer knows the rule vocabulary render
+// emits, in both spellings, and fails the trace (trace.Failf) on anything
+// else.
 
 type tracer struct {
 	tables map[string]map[string][]traced // table -> chain -> rules
@@ -248,8 +249,9 @@ func (tr *tracer) mangle(st *trace.Branch, args []string) string {
 	return ""
 }
 
-// enter takes verdict to: a verdict, a chain (jumped to, or gone to with
-// isGoto), or else what mangle returns.
+// enter follows a rule's target to: a verdict, a chain (jumped to, or
+// gone to with isGoto), or else what mangle returns (DNAT, MASQUERADE,
+// MARK).
 func (tr *tracer) enter(st *trace.Branch, table string, isGoto bool, to string, depth int, mangle func() string) string {
 	switch to {
 	case "ACCEPT":
