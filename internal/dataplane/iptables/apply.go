@@ -81,12 +81,7 @@ func (p *Proxier) restore(ctx context.Context, fam model.Family, ws ...*tableWri
 			if w.empty() {
 				continue
 			}
-			for _, c := range w.chains {
-				st.written[w.table] += len(c.Rules)
-			}
-			for _, c := range w.appends {
-				st.written[w.table] += len(c.Rules)
-			}
+			st.written[w.table] += w.ruleCount()
 		}
 		st.writtenMu.Unlock()
 	}

@@ -61,13 +61,14 @@ func encodeSections(fam model.Family, ws []*tableWrite, pool *nfnl.Pool) (*nfnl.
 		if len(w.delRules) > 0 {
 			return nil, fmt.Errorf("%w: rule deletions", errNotNetlink)
 		}
-		for _, c := range w.chains {
+		chains := w.declared()
+		for _, c := range chains {
 			declareChain(b, w.table, c.Name)
 		}
 		for _, name := range w.deletes {
 			declareChain(b, w.table, name)
 		}
-		for _, c := range slices.Concat(w.chains, w.appends) {
+		for _, c := range slices.Concat(chains, w.appends) {
 			for i := range c.Rules {
 				if err := e.addRule(b, w.table, c.Name, &c.Rules[i], true); err != nil {
 					return nil, err

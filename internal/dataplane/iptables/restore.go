@@ -10,6 +10,12 @@ type tableWrite struct {
 	table string
 	// chains are created if missing, flushed and refilled.
 	chains []*Chain
+	// render, when set, returns chains instead, each time they are
+	// written or encoded: a section written ahead renders its rules then,
+	// so that a whole input's (~230 bytes a rule) never exist at once.
+	// rules is then how many rules it renders.
+	render func() []*Chain
+	rules  int
 	// appends are rules appended to existing chains, which keep theirs.
 	appends []*Chain
 	// delRules are rules ("<chain> <rule>") deleted before anything else.
@@ -21,7 +27,25 @@ type tableWrite struct {
 }
 
 func (w *tableWrite) empty() bool {
-	return w == nil || len(w.chains)+len(w.appends)+len(w.delRules)+len(w.inserts)+len(w.deletes) == 0
+	return w == nil || w.render == nil && len(w.chains)+len(w.appends)+len(w.delRules)+len(w.inserts)+len(w.deletes) == 0
+}
+
+// declared returns the chains the section creates and fills, rendering
+// them for a section with render.
+func (w *tableWrite) declared() []*Chain {
+	if w.render != nil {
+		return w.render()
+	}
+	return w.chains
+}
+
+// ruleCount is how many rules the section writes.
+func (w *tableWrite) ruleCount() int {
+	n := w.rules
+	for _, c := range slices.Concat(w.chains, w.appends) {
+		n += len(c.Rules)
+	}
+	return n
 }
 
 // write appends the section to b: chain declarations first (which flush),
@@ -36,14 +60,15 @@ func (w *tableWrite) write(b *strings.Builder) {
 	for _, r := range w.delRules {
 		b.WriteString("-D " + r + "\n")
 	}
-	for _, c := range w.chains {
+	chains := w.declared()
+	for _, c := range chains {
 		b.WriteString(":" + c.Name + " - [0:0]\n")
 	}
 	for _, name := range w.deletes {
 		b.WriteString(":" + name + " - [0:0]\n")
 	}
 	var line []byte
-	for _, c := range slices.Concat(w.chains, w.appends) {
+	for _, c := range slices.Concat(chains, w.appends) {
 		for i := range c.Rules {
 			line = append(append(line[:0], "-A "...), c.Name...)
 			if r := &c.Rules[i]; r.args[0] != argEnd || r.target.kind != targetNone {
@@ -91,6 +116,7 @@ func sizeOf(ws []*tableWrite) int {
 		for _, j := range w.inserts {
 			n += len(j.Chain) + j.Rule.textSize() + 8
 		}
+		n += w.rules * 120
 		for _, r := range w.delRules {
 			n += len(r) + 4
 		}
