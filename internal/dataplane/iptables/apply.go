@@ -28,7 +28,7 @@ type famState struct {
 	ports map[model.PortID]*portRules
 	// shared holds the rules of the non-per-port chains last written,
 	// keyed by "table/chain".
-	shared map[string][]string
+	shared map[string][]rule
 	// written counts the rules the last sync wrote, by table; restores of
 	// one sync run in parallel (restoreAll), hence the lock.
 	writtenMu sync.Mutex
@@ -81,9 +81,7 @@ func (p *Proxier) restore(ctx context.Context, fam model.Family, ws ...*tableWri
 			if w.empty() {
 				continue
 			}
-			for _, c := range w.chains {
-				st.written[w.table] += len(c.Rules)
-			}
+			st.written[w.table] += w.ruleCount()
 		}
 		st.writtenMu.Unlock()
 	}
@@ -270,7 +268,7 @@ func (p *Proxier) fullSync(ctx context.Context, st *famState, snap *model.Snapsh
 	if err != nil {
 		return err
 	}
-	f1, f3 := filterPhases(filter, savedFilter.rules, true)
+	f1, f3 := fullFilterPhases(filter, savedFilter)
 	f1.inserts = missingJumps(savedFilter, jumps, tableFilter)
 	f3.deletes = staleChains(tableFilter, savedFilter, chainNames(filter))
 	fixed, leaves := splitLeaves(natShared)
@@ -302,8 +300,8 @@ func chainNames(chains []*Chain) map[string]bool {
 	return m
 }
 
-func sharedState(filter, nat []*Chain) map[string][]string {
-	m := make(map[string][]string, len(filter)+len(nat))
+func sharedState(filter, nat []*Chain) map[string][]rule {
+	m := make(map[string][]rule, len(filter)+len(nat))
 	for _, c := range filter {
 		m[key(tableFilter, c.Name)] = c.Rules
 	}
@@ -330,11 +328,11 @@ func missingJumps(saved *savedTable, jumps []Jump, table string) []Jump {
 // old ones. A REJECT for a Service IP never matches a packet nat already
 // DNATed, so keeping it while the DNAT appears is harmless; adding it before
 // the DNAT disappears closes the window in the other direction.
-func filterPhases(desired []*Chain, old map[string][]string, all bool) (*tableWrite, *tableWrite) {
+func filterPhases(desired []*Chain, old map[string][]rule) (*tableWrite, *tableWrite) {
 	f1, f3 := &tableWrite{table: tableFilter}, &tableWrite{table: tableFilter}
 	for _, c := range desired {
 		o, had := old[c.Name]
-		if !all && had && slices.Equal(o, c.Rules) {
+		if had && slices.Equal(o, c.Rules) {
 			continue
 		}
 		adds, removes := diffRules(c.Rules, o)
@@ -349,13 +347,33 @@ func filterPhases(desired []*Chain, old map[string][]string, all bool) (*tableWr
 	return f1, f3
 }
 
+// fullFilterPhases is filterPhases for a full sync, which knows what the
+// kernel holds only as iptables-save text (the kernel's spelling, not
+// kproxy's): phase 1 appends the desired rules to every chain that holds
+// rules, keeping those whatever they are, and phase 3 replaces each such
+// chain by the desired rules. Chains without rules get theirs in phase 1.
+func fullFilterPhases(desired []*Chain, saved *savedTable) (*tableWrite, *tableWrite) {
+	f1, f3 := &tableWrite{table: tableFilter}, &tableWrite{table: tableFilter}
+	for _, c := range desired {
+		if len(saved.rules[c.Name]) == 0 {
+			f1.chains = append(f1.chains, c)
+			continue
+		}
+		if len(c.Rules) > 0 {
+			f1.appends = append(f1.appends, c)
+		}
+		f3.chains = append(f3.chains, c)
+	}
+	return f1, f3
+}
+
 // diffRules returns the rules of a not in b and of b not in a.
-func diffRules(a, b []string) (onlyA, onlyB []string) {
-	inA := make(map[string]bool, len(a))
+func diffRules(a, b []rule) (onlyA, onlyB []rule) {
+	inA := make(map[rule]bool, len(a))
 	for _, r := range a {
 		inA[r] = true
 	}
-	inB := make(map[string]bool, len(b))
+	inB := make(map[rule]bool, len(b))
 	for _, r := range b {
 		inB[r] = true
 		if !inA[r] {
@@ -394,13 +412,13 @@ func (p *Proxier) partialSync(ctx context.Context, st *famState, snap *model.Sna
 	}
 	filter, natShared := r.sharedChains(fs.Ports, ports)
 	nat := sharedNATWrite(natShared, st.shared)
-	oldFilter := map[string][]string{}
+	oldFilter := map[string][]rule{}
 	for _, c := range filter {
 		if rules, ok := st.shared[key(tableFilter, c.Name)]; ok {
 			oldFilter[c.Name] = rules
 		}
 	}
-	f1, f3 := filterPhases(filter, oldFilter, false)
+	f1, f3 := filterPhases(filter, oldFilter)
 	fixed, leaves := splitLeaves(nat.chains)
 	var groups portGroups
 	for _, id := range sortedPortIDs(touched) {
@@ -430,7 +448,7 @@ func (p *Proxier) partialSync(ctx context.Context, st *famState, snap *model.Sna
 
 // sharedNATWrite writes the shared nat chains that changed and deletes the
 // dispatch buckets that emptied.
-func sharedNATWrite(natShared []*Chain, old map[string][]string) *tableWrite {
+func sharedNATWrite(natShared []*Chain, old map[string][]rule) *tableWrite {
 	w := &tableWrite{table: tableNAT}
 	now := make(map[string]bool, len(natShared))
 	for _, c := range natShared {

@@ -208,8 +208,8 @@ func assertKernelMatches(t *testing.T, k *fakeKernel, p *Proxier, snap *model.Sn
 		want := map[string]bool{}
 		for _, c := range rs.table(table) {
 			want[c.Name] = true
-			if strings.Join(kt[c.Name], "\n") != strings.Join(c.Rules, "\n") {
-				t.Errorf("%s %s: kernel has\n%s\nwant\n%s", table, c.Name, strings.Join(kt[c.Name], "\n"), strings.Join(c.Rules, "\n"))
+			if want := strings.Join(ruleTexts(c.Rules), "\n"); strings.Join(kt[c.Name], "\n") != want {
+				t.Errorf("%s %s: kernel has\n%s\nwant\n%s", table, c.Name, strings.Join(kt[c.Name], "\n"), want)
 			}
 		}
 		for name := range kt {
@@ -296,4 +296,13 @@ func TestRuleCounts(t *testing.T) {
 	if f := second["IPv4/filter"]; f.LastSync != 0 {
 		t.Errorf("the partial sync wrote %d filter rules", f.LastSync)
 	}
+}
+
+// ruleTexts prints the rules.
+func ruleTexts(rules []rule) []string {
+	out := make([]string, len(rules))
+	for i, r := range rules {
+		out[i] = r.String()
+	}
+	return out
 }

@@ -107,7 +107,7 @@ func fits(chains, rules int) bool { return chains <= batchChains && rules <= bat
 // is unreferenced until its bucket's rule appears in the final input.
 func splitLeaves(shared []*Chain) (fixed []*Chain, leaves portGroups) {
 	for _, c := range shared {
-		if isBucket(c.Name) && !slices.ContainsFunc(c.Rules, func(r string) bool { return strings.Contains(r, " -g ") }) {
+		if isBucket(c.Name) && !slices.ContainsFunc(c.Rules, func(r rule) bool { return r.target.kind == targetGoto }) {
 			leaves = append(leaves, []*Chain{c})
 			continue
 		}
@@ -203,15 +203,23 @@ func planInputs(g groupList, inputs int) [][]section {
 	return out
 }
 
-// inputWrites renders one planned input: each section starts with markMasq.
+// inputWrites is one planned input: each section starts with markMasq,
+// and renders its chains when it is written.
 func inputWrites(g groupList, markMasq *Chain, in []section) []*tableWrite {
 	ws := make([]*tableWrite, 0, len(in))
 	for _, s := range in {
-		chains := []*Chain{markMasq}
+		rules := len(markMasq.Rules)
 		for i := s.lo; i < s.hi; i++ {
-			chains = append(chains, g.chains(i)...)
+			_, r := g.size(i)
+			rules += r
 		}
-		ws = append(ws, &tableWrite{table: tableNAT, chains: chains})
+		ws = append(ws, &tableWrite{table: tableNAT, rules: rules, render: func() []*Chain {
+			chains := []*Chain{markMasq}
+			for i := s.lo; i < s.hi; i++ {
+				chains = append(chains, g.chains(i)...)
+			}
+			return chains
+		}})
 	}
 	return ws
 }

@@ -183,7 +183,7 @@ func measureScale(t *testing.T, b Backend, n int) {
 	if b == BackendNFT {
 		// The kernel's floor under any nat commit: one new, unreferenced
 		// chain with one RETURN still re-validates the whole table.
-		w := &tableWrite{table: tableNAT, chains: []*Chain{{Name: "KUBE-PROXY-FLOOR", Rules: []string{"-j RETURN"}}}}
+		w := &tableWrite{table: tableNAT, chains: []*Chain{{Name: "KUBE-PROXY-FLOOR", Rules: []rule{rb().ret()}}}}
 		batch, err := encodeSections(model.IPv4, []*tableWrite{w}, nil)
 		if err != nil {
 			t.Fatal(err)

@@ -43,7 +43,7 @@ func TestCompactPortDiffs(t *testing.T) {
 		}
 		edited := r.port(sp)
 		last := edited.nat[len(edited.nat)-1]
-		last.Rules = append(slices.Clone(last.Rules), "-j RETURN")
+		last.Rules = append(slices.Clone(last.Rules), rb().ret())
 		gone := edited.nat[0].Name
 		edited.nat = edited.nat[1:]
 		changed, deletes := portDiff(first, edited)

@@ -50,54 +50,71 @@ func lowByte(a netip.Addr) uint8 {
 // dispatcher collects nat entries into buckets.
 type dispatcher struct {
 	fam       model.Family
-	services  map[uint8][]string
-	nodePorts map[string]map[uint16][]string // proto -> port>>4 -> rules
+	services  [256][]rule                  // by the destination's last byte
+	nodePorts map[string]map[uint16][]rule // proto -> port>>4 -> rules
+	// sizes of the buckets (reserve), so that each is allocated once
+	servicesSize  [256]int
+	nodePortsSize map[dispatchKey]int // proto and port>>4
 }
 
 func newDispatcher(fam model.Family) *dispatcher {
-	return &dispatcher{fam: fam, services: map[uint8][]string{}, nodePorts: map[string]map[uint16][]string{}}
+	return &dispatcher{fam: fam, nodePorts: map[string]map[uint16][]rule{},
+		nodePortsSize: map[dispatchKey]int{}}
 }
 
-func (d *dispatcher) add(e entry) {
+// reserve counts a nat entry that add will be given.
+func (d *dispatcher) reserve(e *entry) {
+	if e.chain == chainServices {
+		d.servicesSize[lowByte(e.key.addr)]++
+		return
+	}
+	d.nodePortsSize[portKey(e.key.proto, e.key.port>>4)]++
+}
+
+func (d *dispatcher) add(e *entry) {
 	if e.chain == chainServices {
 		b := lowByte(e.key.addr)
+		if d.services[b] == nil {
+			d.services[b] = make([]rule, 0, d.servicesSize[b])
+		}
 		d.services[b] = append(d.services[b], e.rule)
 		return
 	}
 	m := d.nodePorts[e.key.proto]
 	if m == nil {
-		m = map[uint16][]string{}
+		m = map[uint16][]rule{}
 		d.nodePorts[e.key.proto] = m
 	}
-	m[e.key.port>>4] = append(m[e.key.port>>4], e.rule)
+	b := e.key.port >> 4
+	if m[b] == nil {
+		m[b] = make([]rule, 0, d.nodePortsSize[portKey(e.key.proto, b)])
+	}
+	m[b] = append(m[b], e.rule)
 }
 
 // maskMatch matches addresses whose low bits (under mask) equal v.
-func (d *dispatcher) maskMatch(v, mask uint8) string {
-	if d.fam == model.IPv6 {
-		return fmt.Sprintf("-d ::%x/::%x", v, mask)
-	}
-	return fmt.Sprintf("-d 0.0.0.%d/0.0.0.%d", v, mask)
+func (d *dispatcher) maskMatch(v, mask uint8) *builder {
+	return rb().dst(lowBitsAddr(d.fam == model.IPv6, v, mask))
 }
 
 // chains returns KUBE-SERVICES (ending in tail), KUBE-NODEPORTS and their
 // buckets, in a deterministic order.
-func (d *dispatcher) chains(tail []string) []*Chain {
+func (d *dispatcher) chains(tail []rule) []*Chain {
 	top := &Chain{Name: chainServices}
 	var subs []*Chain
-	leaves := sortedKeys(d.services)
 	for mid := 0; mid < 16; mid++ {
 		midChain := &Chain{Name: fmt.Sprintf("%s%X", prefixServicesBucket, mid)}
-		for _, b := range leaves {
-			if int(b&0xf) != mid {
+		for i := mid; i < len(d.services); i += 16 {
+			b := uint8(i)
+			if len(d.services[b]) == 0 {
 				continue
 			}
 			leaf := fmt.Sprintf("%s%02X", prefixServicesBucket, b)
-			midChain.Rules = append(midChain.Rules, d.maskMatch(b, 0xff)+" -g "+leaf)
+			midChain.Rules = append(midChain.Rules, d.maskMatch(b, 0xff).goTo(leaf))
 			subs = append(subs, &Chain{Name: leaf, Rules: d.services[b]})
 		}
 		if len(midChain.Rules) > 0 {
-			top.Rules = append(top.Rules, d.maskMatch(uint8(mid), 0xf)+" -j "+midChain.Name)
+			top.Rules = append(top.Rules, d.maskMatch(uint8(mid), 0xf).jump(midChain.Name))
 			subs = append(subs, midChain)
 		}
 	}
@@ -112,18 +129,18 @@ func (d *dispatcher) nodePortChains() (*Chain, []*Chain) {
 	var subs []*Chain
 	for _, proto := range sortedKeys(d.nodePorts) {
 		buckets := d.nodePorts[proto]
-		m := "-m " + proto + " -p " + proto
+		p := ipProto(proto)
 		var mid *Chain
 		for _, b := range sortedKeys(buckets) {
 			if mid == nil || mid.Name != nodePortBucket(proto, "%02X", b>>4) {
 				mid = &Chain{Name: nodePortBucket(proto, "%02X", b>>4)}
-				lo := int(b>>4) << 8
-				top.Rules = append(top.Rules, fmt.Sprintf("%s --dport %d:%d -j %s", m, lo, lo+255, mid.Name))
+				lo := b >> 4 << 8
+				top.Rules = append(top.Rules, rb().portMatch(p).dport(lo, lo+255).jump(mid.Name))
 				subs = append(subs, mid)
 			}
 			leaf := nodePortBucket(proto, "%03X", b)
-			lo := int(b) << 4
-			mid.Rules = append(mid.Rules, fmt.Sprintf("%s --dport %d:%d -g %s", m, lo, lo+15, leaf))
+			lo := b << 4
+			mid.Rules = append(mid.Rules, rb().portMatch(p).dport(lo, lo+15).goTo(leaf))
 			subs = append(subs, &Chain{Name: leaf, Rules: buckets[b]})
 		}
 	}

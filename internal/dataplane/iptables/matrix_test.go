@@ -8,11 +8,16 @@ import (
 )
 
 // TestTraceMatrix runs the shared policy matrix (dptest.RunMatrix) through
-// the iptables tracer, against wantIPTables.
+// the iptables tracer, over the typed rules and over their text, against
+// wantIPTables.
 func TestTraceMatrix(t *testing.T) {
-	dptest.RunMatrix(t, func(snap *model.Snapshot) func(dptest.Packet) dptest.Result {
-		return traceOf(t, testParams(), snap, model.IPv4).trace
-	}, wantIPTables)
+	for name, of := range map[string]func(testing.TB, Params, *model.Snapshot, model.Family) *testTracer{"typed": traceOf, "text": traceTextOf} {
+		t.Run(name, func(t *testing.T) {
+			dptest.RunMatrix(t, func(snap *model.Snapshot) func(dptest.Packet) dptest.Result {
+				return of(t, testParams(), snap, model.IPv4).trace
+			}, wantIPTables)
+		})
+	}
 }
 
 // wantIPTables is upstream's iptables mode for a matrix case. It differs

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -31,9 +31,10 @@ import (
 // go test -run 'PrivilegedScale$' -v ./internal/dataplane/iptables/`
 // prints a cold start's CPU; figures by commit are in docs/performance.md.
 //
-// Only the rule syntax render produces is translated; anything else, and
-// deletions of single rules (which need handles), is errNotNetlink and the
-// caller runs iptables-restore instead.
+// Each rule is encoded from its typed value (rule.go), never from its
+// text. Deletions of single rules (which need handles, and come from the
+// kernel's iptables-save text) and values the xtables structs cannot hold
+// are errNotNetlink, and the caller runs iptables-restore instead.
 
 var errNotNetlink = errors.New("not expressible as a netlink batch")
 
@@ -44,7 +45,7 @@ func encodeSections(fam model.Family, ws []*tableWrite, pool *nfnl.Pool) (*nfnl.
 	// fixed-size); the hint only sizes an unpooled batch's first chunk.
 	b := nfnl.NewBatch(nfproto(fam), pool, 3*sizeOf(ws))
 	tables := map[string]bool{}
-	var scratch xtRule
+	e := &encoder{v6: fam == model.IPv6}
 	for _, w := range ws {
 		if w.empty() {
 			continue
@@ -60,22 +61,23 @@ func encodeSections(fam model.Family, ws []*tableWrite, pool *nfnl.Pool) (*nfnl.
 		if len(w.delRules) > 0 {
 			return nil, fmt.Errorf("%w: rule deletions", errNotNetlink)
 		}
-		for _, c := range w.chains {
+		chains := w.declared()
+		for _, c := range chains {
 			declareChain(b, w.table, c.Name)
 		}
 		for _, name := range w.deletes {
 			declareChain(b, w.table, name)
 		}
-		for _, c := range w.chains {
-			for _, r := range c.Rules {
-				if err := addRule(b, &scratch, fam, w.table, c.Name, r, true); err != nil {
+		for _, c := range slices.Concat(chains, w.appends) {
+			for i := range c.Rules {
+				if err := e.addRule(b, w.table, c.Name, &c.Rules[i], true); err != nil {
 					return nil, err
 				}
 			}
 		}
 		for i := len(w.inserts) - 1; i >= 0; i-- {
 			j := w.inserts[i]
-			if err := addRule(b, &scratch, fam, w.table, j.Chain, j.Rule, false); err != nil {
+			if err := e.addRule(b, w.table, j.Chain, &j.Rule, false); err != nil {
 				return nil, err
 			}
 		}
@@ -109,239 +111,17 @@ func declareChain(b *nfnl.Batch, table, name string) {
 	b.Finish(m)
 }
 
-// xtRule is one rule's arguments, sorted the way iptables-nft orders the
-// expressions: interfaces, protocol, source, destination, then matches in
-// their order, a counter, the target. One xtRule is reused for every rule
-// of a batch (parse resets it): at 10k Services a full sync parses
-// 330k rules.
-type xtRule struct {
-	v6               bool
-	iif, oif         string
-	iifInv, oifInv   bool
-	proto            byte
-	protoInv         bool
-	src, dst         []byte // address, masked (nil: none)
-	srcMask, dstMask []byte
-	srcInv, dstInv   bool
-	matches          []xtModule
-	target           *xtModule // nil, or &tgt
-	verdict          int32
-	chain            string // jump or goto target
-	noCounter        bool
-
-	toks           []string
-	tgt            xtModule
-	srcBuf, dstBuf [2][16]byte // address and mask storage
-}
-
-// xtModule is one -m module or -j target with its options.
-type xtModule struct {
-	name string
-	opts []xtOpt
-}
-
-type xtOpt struct {
-	name  string
-	value string
-	inv   bool
-}
-
-func (m *xtModule) opt(name string) (xtOpt, bool) {
-	for _, o := range m.opts {
-		if o.name == name {
-			return o, true
-		}
-	}
-	return xtOpt{}, false
-}
-
-// takesValue lists the options render writes that have an argument.
-var takesValue = map[string]bool{
-	"--comment": true, "--dport": true, "--ctstate": true, "--dst-type": true, "--src-type": true,
-	"--mark": true, "--mode": true, "--probability": true, "--name": true, "--seconds": true,
-	"--to-destination": true, "--or-mark": true, "--xor-mark": true, "--set-xmark": true,
-	"--reject-with": true, "--mask": true,
-}
-
-// parse makes r the rule text after "-A <chain> ", reusing r's storage.
-func (r *xtRule) parse(fam model.Family, rule string) error {
-	matches := r.matches[:0]
-	*r = xtRule{v6: fam == model.IPv6, verdict: math.MinInt32, toks: appendArgs(r.toks[:0], rule),
-		tgt: xtModule{opts: r.tgt.opts[:0]}, srcBuf: r.srcBuf, dstBuf: r.dstBuf}
-	toks := r.toks
-	// cur is the module (or target) taking options: an index into
-	// r.matches, or -2 for the target, -1 for none.
-	cur := -1
-	inv := false
-	for i := 0; i < len(toks); i++ {
-		t := toks[i]
-		if t == "!" {
-			inv = true
-			continue
-		}
-		arg := func() (string, error) {
-			if i+1 >= len(toks) {
-				return "", fmt.Errorf("%w: %s without a value in %q", errNotNetlink, t, rule)
-			}
-			i++
-			return toks[i], nil
-		}
-		var err error
-		var v string
-		switch t {
-		case "-m":
-			if v, err = arg(); err == nil {
-				// Reuse the options storage of an earlier rule's module.
-				if len(matches) < cap(matches) {
-					matches = matches[:len(matches)+1]
-					m := &matches[len(matches)-1]
-					m.name, m.opts = v, m.opts[:0]
-				} else {
-					matches = append(matches, xtModule{name: v})
-				}
-				cur = len(matches) - 1
-			}
-		case "-j", "-g":
-			if v, err = arg(); err == nil {
-				err = r.setTarget(t == "-g", v)
-				cur = -2
-			}
-		case "-p":
-			if v, err = arg(); err == nil {
-				r.protoInv = inv
-				r.proto, err = protoNumber(v)
-			}
-		case "-s", "-d":
-			if v, err = arg(); err == nil {
-				buf := &r.srcBuf
-				if t == "-d" {
-					buf = &r.dstBuf
-				}
-				var a, m []byte
-				if a, m, err = parseAddr(buf, fam, v); err == nil && inv && allZero(m) {
-					err = fmt.Errorf("%w: ! %s %s matches nothing", errNotNetlink, t, v)
-				}
-				if err == nil {
-					if t == "-s" {
-						r.src, r.srcMask, r.srcInv = a, m, inv
-					} else {
-						r.dst, r.dstMask, r.dstInv = a, m, inv
-					}
-				}
-			}
-		case "-i", "-o":
-			if v, err = arg(); err == nil {
-				if t == "-i" {
-					r.iif, r.iifInv = v, inv
-				} else {
-					r.oif, r.oifInv = v, inv
-				}
-			}
-		default:
-			if !strings.HasPrefix(t, "--") || cur == -1 || cur == -2 && r.target == nil {
-				return fmt.Errorf("%w: %q in %q", errNotNetlink, t, rule)
-			}
-			o := xtOpt{name: t, inv: inv}
-			if takesValue[t] {
-				o.value, err = arg()
-			}
-			if cur == -2 {
-				r.tgt.opts = append(r.tgt.opts, o)
-			} else {
-				matches[cur].opts = append(matches[cur].opts, o)
-			}
-		}
-		if err != nil {
-			return err
-		}
-		inv = false
-	}
-	r.matches = matches
-	return nil
-}
-
-func (r *xtRule) setTarget(isGoto bool, name string) error {
-	switch name {
-	case "ACCEPT":
-		r.verdict = 1 // NF_ACCEPT
-	case "DROP":
-		r.verdict = 0 // NF_DROP
-	case "RETURN":
-		r.verdict = unix.NFT_RETURN
-	case "DNAT", "MARK", "MASQUERADE", "REJECT":
-		r.tgt.name = name
-		r.target = &r.tgt
-	default:
-		if strings.ToUpper(name) != name {
-			return fmt.Errorf("%w: target %s", errNotNetlink, name)
-		}
-		r.chain, r.verdict = name, unix.NFT_JUMP
-		if isGoto {
-			r.verdict = unix.NFT_GOTO
-		}
-	}
-	if isGoto && r.chain == "" {
-		return fmt.Errorf("%w: goto %s", errNotNetlink, name)
-	}
-	return nil
-}
-
-func protoNumber(p string) (byte, error) {
-	switch p {
-	case "tcp":
-		return unix.IPPROTO_TCP, nil
-	case "udp":
-		return unix.IPPROTO_UDP, nil
-	case "sctp":
-		return unix.IPPROTO_SCTP, nil
-	}
-	return 0, fmt.Errorf("%w: protocol %s", errNotNetlink, p)
-}
-
-// parseAddr reads "a", "a/len" or "a/mask" and returns the masked address
-// and the mask, kept in buf.
-func parseAddr(buf *[2][16]byte, fam model.Family, s string) (addr, mask []byte, err error) {
-	a, m, hasMask := strings.Cut(s, "/")
-	ip, err := netip.ParseAddr(a)
-	if err != nil || ip.Is6() != (fam == model.IPv6) {
-		return nil, nil, fmt.Errorf("%w: address %q", errNotNetlink, s)
-	}
-	n := ip.BitLen() / 8
-	addr, mask = buf[0][:n], buf[1][:n]
-	if ip.Is4() {
-		a4 := ip.As4()
-		copy(addr, a4[:])
-	} else {
-		a16 := ip.As16()
-		copy(addr, a16[:])
-	}
-	clear(mask)
-	bits := len(addr) * 8
-	if hasMask {
-		if mip, err := netip.ParseAddr(m); err == nil && mip.BitLen() == bits {
-			copy(mask, mip.AsSlice())
-			bits = -1
-		} else if n, err := strconv.Atoi(m); err == nil && n >= 0 && n <= bits {
-			bits = n
-		} else {
-			return nil, nil, fmt.Errorf("%w: address %q", errNotNetlink, s)
-		}
-	}
-	for i := 0; i < bits; i++ {
-		mask[i/8] |= 0x80 >> (i % 8)
-	}
-	for i := range addr {
-		addr[i] &= mask[i]
-	}
-	return addr, mask, nil
+// encoder encodes rules of one family in the order iptables-nft gives
+// their expressions: interfaces, protocol, source, destination, then the
+// matches in the rule's order, a counter, the target.
+type encoder struct {
+	v6   bool
+	addr [2][16]byte // an address and its mask
 }
 
 // addRule appends (or, with appendRule false, inserts at the top) one
-// rule, parsed into r.
-func addRule(b *nfnl.Batch, r *xtRule, fam model.Family, table, chain, text string, appendRule bool) error {
-	if err := r.parse(fam, text); err != nil {
-		return err
-	}
+// rule.
+func (e *encoder) addRule(b *nfnl.Batch, table, chain string, r *rule, appendRule bool) error {
 	flags := uint16(unix.NLM_F_CREATE)
 	if appendRule {
 		flags |= unix.NLM_F_APPEND
@@ -349,24 +129,15 @@ func addRule(b *nfnl.Batch, r *xtRule, fam model.Family, table, chain, text stri
 	m := b.Msg(unix.NFT_MSG_NEWRULE, flags)
 	b.AttrStr(unix.NFTA_RULE_TABLE, table)
 	b.AttrStr(unix.NFTA_RULE_CHAIN, chain)
-	// Two kinds of per-endpoint rule get no counter: the kernel allocates
-	// one per CPU for every counter, and 100k of them cost ~0.6 s of a cold
-	// start at 10k Services × 10 endpoints. The hairpin rule of a KUBE-SEP
-	// chain counts what is rarely read (a pod reaching itself through its
-	// Service); the KUBE-SVC/KUBE-SVL rule that picks an endpoint counts
-	// what the endpoint's DNAT rule counts too. Each endpoint keeps that
-	// count, on its DNAT rule.
-	r.noCounter = strings.HasPrefix(chain, prefixSEP) && r.chain == chainMarkMasq ||
-		(strings.HasPrefix(chain, prefixSVC) || strings.HasPrefix(chain, prefixSVL)) && strings.HasPrefix(r.chain, prefixSEP)
 	l := b.Nest(unix.NFTA_RULE_EXPRESSIONS)
-	if err := r.encode(b); err != nil {
-		return fmt.Errorf("rule %q: %w", text, err)
+	if err := e.encode(b, r, counted(chain, r)); err != nil {
+		return fmt.Errorf("rule %q: %w", r.String(), err)
 	}
 	b.End(l)
 	c := b.Nest(unix.NFTA_RULE_COMPAT)
 	b.AttrBE32(unix.NFTA_RULE_COMPAT_PROTO, uint32(r.proto))
 	var cf uint32
-	if r.protoInv {
+	if r.negated(argProto) {
 		cf = unix.NFT_RULE_COMPAT_F_INV
 	}
 	b.AttrBE32(unix.NFTA_RULE_COMPAT_FLAGS, cf)
@@ -375,54 +146,90 @@ func addRule(b *nfnl.Batch, r *xtRule, fam model.Family, table, chain, text stri
 	return nil
 }
 
-func (r *xtRule) encode(b *nfnl.Batch) error {
-	if r.iif != "" {
-		ifname(b, unix.NFT_META_IIFNAME, r.iif, r.iifInv)
-	}
-	if r.oif != "" {
-		ifname(b, unix.NFT_META_OIFNAME, r.oif, r.oifInv)
+// counted tells whether a rule of chain gets a counter. Two kinds of
+// per-endpoint rule do not: the kernel allocates one per CPU for every
+// counter, and 100k of them cost ~0.6 s of a cold start at 10k Services ×
+// 10 endpoints. The hairpin rule of a KUBE-SEP chain counts what is rarely
+// read (a pod reaching itself through its Service); the KUBE-SVC/KUBE-SVL
+// rule that picks an endpoint counts what the endpoint's DNAT rule counts
+// too. Each endpoint keeps that count, on its DNAT rule.
+func counted(chain string, r *rule) bool {
+	to := r.target.chain
+	return !(strings.HasPrefix(chain, prefixSEP) && to == chainMarkMasq ||
+		(strings.HasPrefix(chain, prefixSVC) || strings.HasPrefix(chain, prefixSVL)) && strings.HasPrefix(to, prefixSEP))
+}
+
+func (e *encoder) encode(b *nfnl.Batch, r *rule, count bool) error {
+	if r.iface != "" {
+		ifname(b, unix.NFT_META_IIFNAME, r.iface, r.negated(argIn))
 	}
 	if r.proto != 0 {
 		meta(b, unix.NFT_META_L4PROTO)
-		cmp(b, r.protoInv, []byte{r.proto})
+		cmp(b, r.negated(argProto), []byte{r.proto})
 	}
 	srcOff, dstOff := uint32(12), uint32(16)
-	if r.v6 {
+	if e.v6 {
 		srcOff, dstOff = 8, 24
 	}
-	// An address with an all-zero mask matches everything: iptables-nft
-	// writes nothing for it (parse refuses the inverted form).
-	if r.src != nil && !allZero(r.srcMask) {
-		nlAddr(b, srcOff, r.src, r.srcMask, r.srcInv)
+	if err := e.addrMatch(b, srcOff, r.src, r.negated(argSrc)); err != nil {
+		return err
 	}
-	if r.dst != nil && !allZero(r.dstMask) {
-		nlAddr(b, dstOff, r.dst, r.dstMask, r.dstInv)
+	if err := e.addrMatch(b, dstOff, r.dst, r.negated(argDst)); err != nil {
+		return err
 	}
-	for i := range r.matches {
-		if err := r.encodeMatch(b, &r.matches[i]); err != nil {
+	for _, k := range r.args {
+		if k == argEnd {
+			break
+		}
+		if err := e.encodeMatch(b, r, k); err != nil {
 			return err
 		}
 	}
-	if !r.noCounter {
+	if count {
 		counter(b)
 	}
-	if r.target != nil {
-		return r.encodeTarget(b, r.target)
+	return e.encodeTarget(b, &r.target)
+}
+
+// addrMatch matches the address at off; nothing for no address, or for
+// an all-zero mask, which matches everything (iptables-nft writes nothing
+// for it either).
+func (e *encoder) addrMatch(b *nfnl.Batch, off uint32, a addr, inv bool) error {
+	if !a.ip.IsValid() {
+		return nil
 	}
-	if r.verdict != math.MinInt32 {
-		e := expr(b, "immediate")
-		b.AttrBE32(unix.NFTA_IMMEDIATE_DREG, unix.NFT_REG_VERDICT)
-		d := b.Nest(unix.NFTA_IMMEDIATE_DATA)
-		v := b.Nest(unix.NFTA_DATA_VERDICT)
-		b.AttrBE32(unix.NFTA_VERDICT_CODE, uint32(r.verdict))
-		if r.chain != "" {
-			b.AttrStr(unix.NFTA_VERDICT_CHAIN, r.chain)
+	if a.ip.Is6() != e.v6 {
+		return fmt.Errorf("%w: address %s in the other family", errNotNetlink, a.ip)
+	}
+	ip, mask := e.addrBytes(a)
+	if allZero(mask) {
+		if inv {
+			return fmt.Errorf("%w: ! %s matches nothing", errNotNetlink, a.ip)
 		}
-		b.End(v)
-		b.End(d)
-		endExpr(b, e)
+		return nil
 	}
+	nlAddr(b, off, ip, mask, inv)
 	return nil
+}
+
+// addrBytes returns the masked address and the mask of a, kept in e.
+func (e *encoder) addrBytes(a addr) (ip, mask []byte) {
+	n := a.ip.BitLen() / 8
+	ip, mask = e.addr[0][:n], e.addr[1][:n]
+	a16 := a.ip.As16()
+	copy(ip, a16[16-n:])
+	clear(mask)
+	if a.form == addrLowBits {
+		mask[n-1] = a.bits
+	} else {
+		for i := 0; i < int(a.bits); i++ {
+			mask[i/8] |= 0x80 >> (i % 8)
+		}
+	}
+	for i := range ip {
+		ip[i] &= mask[i]
+	}
+	return ip, mask
 }
 
 // expr opens one expression of the rule's list; endExpr closes it.
@@ -539,65 +346,71 @@ func xt(b *nfnl.Batch, target bool, name string, rev uint32, size int, fill func
 
 var ne = binary.NativeEndian
 
-func (r *xtRule) encodeMatch(b *nfnl.Batch, m *xtModule) error {
-	bad := func(what string) error { return fmt.Errorf("%w: -m %s %s", errNotNetlink, m.name, what) }
-	switch m.name {
-	case "comment":
-		o, ok := m.opt("--comment")
-		if !ok || len(m.opts) != 1 || len(o.value) > 255 {
-			return bad("options")
+// encodeMatch encodes argument k when it is a match (-m); the others are
+// encoded before the matches.
+func (e *encoder) encodeMatch(b *nfnl.Batch, r *rule, k argKind) error {
+	switch k {
+	case argComment:
+		if len(r.cmt) > 255 {
+			return fmt.Errorf("%w: a comment of %d bytes", errNotNetlink, len(r.cmt))
 		}
-		xt(b, false, "comment", 0, 256, func(p []byte) { copy(p, o.value) })
-	case "tcp", "udp":
-		if len(m.opts) == 0 {
-			xt(b, false, m.name, 0, 16, func(p []byte) {
-				ne.PutUint16(p[2:], 0xffff) // source ports 0-65535
-				ne.PutUint16(p[6:], 0xffff) // destination ports 0-65535
-			})
-			return nil
+		xt(b, false, "comment", 0, 256, func(p []byte) { copy(p, r.cmt) })
+	case argPortMatch:
+		e.portMatch(b, r)
+	case argMark:
+		meta(b, unix.NFT_META_MARK)
+		if r.markMask != math.MaxUint32 {
+			bitwise(b, ne.AppendUint32(nil, r.markMask))
 		}
-		o, ok := m.opt("--dport")
-		if !ok || len(m.opts) != 1 {
-			return bad("options")
-		}
-		lo, hi, err := portRange(o.value)
-		if err != nil {
-			return bad(o.value)
-		}
-		payload(b, unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2)
-		if lo == hi {
-			cmp(b, o.inv, binary.BigEndian.AppendUint16(nil, lo))
-			return nil
-		}
-		e := expr(b, "range")
-		b.AttrBE32(unix.NFTA_RANGE_SREG, unix.NFT_REG_1)
-		op := uint32(unix.NFT_RANGE_EQ)
-		if o.inv {
-			op = unix.NFT_RANGE_NEQ
-		}
-		b.AttrBE32(unix.NFTA_RANGE_OP, op)
-		b.Value(unix.NFTA_RANGE_FROM_DATA, binary.BigEndian.AppendUint16(nil, lo))
-		b.Value(unix.NFTA_RANGE_TO_DATA, binary.BigEndian.AppendUint16(nil, hi))
-		endExpr(b, e)
-	case "sctp":
-		// iptables-nft keeps SCTP ports in the xtables match
-		// (xt_sctp_info: dpts, spts, a 256-byte chunk map, the chunk
-		// match type, four flag infos, flag_count; flags at 284,
-		// invflags at 288).
-		var lo, hi uint16
+		cmp(b, r.negated(argMark), ne.AppendUint32(nil, r.mark))
+	case argCtstate:
+		xt(b, false, "conntrack", 3, 168, func(p []byte) {
+			const flagState = 1 // XT_CONNTRACK_STATE
+			ne.PutUint16(p[146:], flagState)
+			if r.negated(argCtstate) {
+				ne.PutUint16(p[148:], flagState)
+			}
+			ne.PutUint16(p[150:], r.states)
+		})
+	case argAddrType:
 		var flags uint32
-		var inv uint32
-		for _, o := range m.opts {
-			if o.name != "--dport" {
-				return bad(o.name)
-			}
-			var err error
-			if lo, hi, err = portRange(o.value); err != nil {
-				return bad(o.value)
-			}
-			flags |= 0x02 // XT_SCTP_DEST_PORTS
-			if o.inv {
-				inv |= 0x02
+		if r.negated(argAddrType) && r.srcType != 0 {
+			flags |= 1 // XT_ADDRTYPE_INVERT_SOURCE
+		}
+		if r.negated(argAddrType) && r.dstType != 0 {
+			flags |= 2 // XT_ADDRTYPE_INVERT_DEST
+		}
+		xt(b, false, "addrtype", 1, 8, func(p []byte) {
+			ne.PutUint16(p[0:], r.srcType)
+			ne.PutUint16(p[2:], r.dstType)
+			ne.PutUint32(p[4:], flags)
+		})
+	case argStatistic:
+		if r.oneIn == 0 {
+			return fmt.Errorf("%w: a probability of 1/0", errNotNetlink)
+		}
+		xt(b, false, "statistic", 0, 24, func(p []byte) { ne.PutUint32(p[4:], probValue(int(r.oneIn))) })
+	case argRecent:
+		return e.recent(b, &r.recent)
+	}
+	return nil
+}
+
+// portMatch is the destination port of tcp and udp as native expressions
+// (a port-less match as the xtables match), and sctp's in the xtables
+// match as iptables-nft keeps it (xt_sctp_info: dpts, spts, a 256-byte
+// chunk map, the chunk match type, four flag infos, flag_count; flags at
+// 284, invflags at 288).
+func (e *encoder) portMatch(b *nfnl.Batch, r *rule) {
+	lo, hi, inv := r.dport.lo, r.dport.hi, r.negated(argDport)
+	hasPort := slices.Contains(r.args[:], argDport)
+	switch {
+	case r.proto == unix.IPPROTO_SCTP:
+		var flags, invFlags uint32
+		if hasPort {
+			flags = 0x02 // XT_SCTP_DEST_PORTS
+			if inv {
+				invFlags = 0x02
 			}
 		}
 		xt(b, false, "sctp", 0, 296, func(p []byte) {
@@ -607,133 +420,48 @@ func (r *xtRule) encodeMatch(b *nfnl.Batch, m *xtModule) error {
 				p[268+3*i] = 0xff // flag_info[i].chunktype: none
 			}
 			ne.PutUint32(p[284:], flags)
-			ne.PutUint32(p[288:], inv)
+			ne.PutUint32(p[288:], invFlags)
 		})
-	case "mark":
-		o, ok := m.opt("--mark")
-		if !ok || len(m.opts) != 1 {
-			return bad("options")
-		}
-		val, mask, err := markMask(o.value)
-		if err != nil {
-			return bad(o.value)
-		}
-		meta(b, unix.NFT_META_MARK)
-		if mask != math.MaxUint32 {
-			bitwise(b, ne.AppendUint32(nil, mask))
-		}
-		cmp(b, o.inv, ne.AppendUint32(nil, val))
-	case "conntrack":
-		o, ok := m.opt("--ctstate")
-		if !ok || len(m.opts) != 1 {
-			return bad("options")
-		}
-		var states uint16
-		for _, s := range strings.Split(o.value, ",") {
-			bit, ok := ctStates[s]
-			if !ok {
-				return bad(s)
-			}
-			states |= bit
-		}
-		xt(b, false, "conntrack", 3, 168, func(p []byte) {
-			const flagState = 1 // XT_CONNTRACK_STATE
-			ne.PutUint16(p[146:], flagState)
-			if o.inv {
-				ne.PutUint16(p[148:], flagState)
-			}
-			ne.PutUint16(p[150:], states)
+	case !hasPort:
+		xt(b, false, protoName(r.proto), 0, 16, func(p []byte) {
+			ne.PutUint16(p[2:], 0xffff) // source ports 0-65535
+			ne.PutUint16(p[6:], 0xffff) // destination ports 0-65535
 		})
-	case "addrtype":
-		var src, dst uint16
-		var flags uint32
-		for _, o := range m.opts {
-			t, ok := addrTypes[o.value]
-			if !ok {
-				return bad(o.value)
-			}
-			switch o.name {
-			case "--src-type":
-				src = t
-				if o.inv {
-					flags |= 1 // XT_ADDRTYPE_INVERT_SOURCE
-				}
-			case "--dst-type":
-				dst = t
-				if o.inv {
-					flags |= 2 // XT_ADDRTYPE_INVERT_DEST
-				}
-			default:
-				return bad(o.name)
-			}
-		}
-		xt(b, false, "addrtype", 1, 8, func(p []byte) {
-			ne.PutUint16(p[0:], src)
-			ne.PutUint16(p[2:], dst)
-			ne.PutUint32(p[4:], flags)
-		})
-	case "statistic":
-		mode, _ := m.opt("--mode")
-		o, ok := m.opt("--probability")
-		if mode.value != "random" || !ok || len(m.opts) != 2 || o.inv {
-			return bad("options")
-		}
-		prob, err := strconv.ParseFloat(o.value, 64)
-		if err != nil || prob < 0 || prob > 1 {
-			return bad(o.value)
-		}
-		xt(b, false, "statistic", 0, 24, func(p []byte) {
-			ne.PutUint32(p[4:], uint32(math.Round(0x80000000*prob)))
-		})
-	case "recent":
-		return r.recent(b, m)
+	case lo == hi:
+		payload(b, unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2)
+		cmp(b, inv, binary.BigEndian.AppendUint16(nil, lo))
 	default:
-		return bad("")
+		payload(b, unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2)
+		x := expr(b, "range")
+		b.AttrBE32(unix.NFTA_RANGE_SREG, unix.NFT_REG_1)
+		op := uint32(unix.NFT_RANGE_EQ)
+		if inv {
+			op = unix.NFT_RANGE_NEQ
+		}
+		b.AttrBE32(unix.NFTA_RANGE_OP, op)
+		b.Value(unix.NFTA_RANGE_FROM_DATA, binary.BigEndian.AppendUint16(nil, lo))
+		b.Value(unix.NFTA_RANGE_TO_DATA, binary.BigEndian.AppendUint16(nil, hi))
+		endExpr(b, x)
 	}
-	return nil
 }
 
 // recent is xt_recent_mtinfo_v1: seconds, hit_count, check_set, invert,
 // name[200], side, then the mask at offset 212.
-func (r *xtRule) recent(b *nfnl.Batch, m *xtModule) error {
-	var seconds uint32
-	var check byte
-	name := "DEFAULT"
-	for _, o := range m.opts {
-		switch o.name {
-		case "--name":
-			name = o.value
-		case "--set":
-			check |= 2
-		case "--rcheck":
-			check |= 1
-		case "--reap":
-			check |= 32
-		case "--rsource":
-		case "--seconds":
-			s, err := strconv.ParseUint(o.value, 10, 32)
-			if err != nil {
-				return fmt.Errorf("%w: --seconds %s", errNotNetlink, o.value)
-			}
-			seconds = uint32(s)
-		case "--mask":
-			if o.value != "255.255.255.255" && o.value != "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff" {
-				return fmt.Errorf("%w: --mask %s", errNotNetlink, o.value)
-			}
-		default:
-			return fmt.Errorf("%w: -m recent %s", errNotNetlink, o.name)
-		}
-		if o.inv || len(name) >= 200 {
-			return fmt.Errorf("%w: -m recent %s", errNotNetlink, o.name)
-		}
+func (e *encoder) recent(b *nfnl.Batch, m *recentMatch) error {
+	name := m.name
+	if name == "" {
+		name = "DEFAULT"
+	}
+	if len(name) >= 200 {
+		return fmt.Errorf("%w: -m recent --name of %d bytes", errNotNetlink, len(name))
 	}
 	maskLen := 4
-	if r.v6 {
+	if e.v6 {
 		maskLen = 16
 	}
 	xt(b, false, "recent", 1, 232, func(p []byte) {
-		ne.PutUint32(p[0:], seconds)
-		p[8] = check
+		ne.PutUint32(p[0:], m.seconds)
+		p[8] = m.ops
 		copy(p[10:210], name)
 		for i := range maskLen {
 			p[212+i] = 0xff
@@ -742,133 +470,100 @@ func (r *xtRule) recent(b *nfnl.Batch, m *xtModule) error {
 	return nil
 }
 
-func (r *xtRule) encodeTarget(b *nfnl.Batch, t *xtModule) error {
-	bad := func(what string) error { return fmt.Errorf("%w: -j %s %s", errNotNetlink, t.name, what) }
-	switch t.name {
-	case "DNAT":
-		o, ok := t.opt("--to-destination")
-		if !ok || len(t.opts) != 1 {
-			return bad("options")
-		}
-		ap, err := netip.ParseAddrPort(o.value)
-		if err != nil || ap.Addr().Is6() != r.v6 || ap.Port() == 0 {
-			return bad(o.value)
+func (e *encoder) encodeTarget(b *nfnl.Batch, t *target) error {
+	switch t.kind {
+	case targetNone:
+	case targetAccept:
+		verdict(b, 1, "") // NF_ACCEPT
+	case targetDrop:
+		verdict(b, 0, "") // NF_DROP
+	case targetReturn:
+		verdict(b, unix.NFT_RETURN, "")
+	case targetJump:
+		verdict(b, unix.NFT_JUMP, t.chain)
+	case targetGoto:
+		verdict(b, unix.NFT_GOTO, t.chain)
+	case targetDNAT:
+		if t.to.Addr().Is6() != e.v6 || t.to.Port() == 0 {
+			return fmt.Errorf("%w: DNAT to %s", errNotNetlink, t.to)
 		}
 		xt(b, true, "DNAT", 2, 48, func(p []byte) {
 			ne.PutUint32(p[0:], 1|2) // NF_NAT_RANGE_MAP_IPS | NF_NAT_RANGE_PROTO_SPECIFIED
-			a := ap.Addr().AsSlice()
+			a := t.to.Addr().AsSlice()
 			copy(p[4:], a)
 			copy(p[20:], a)
-			binary.BigEndian.PutUint16(p[36:], ap.Port())
-			binary.BigEndian.PutUint16(p[38:], ap.Port())
+			binary.BigEndian.PutUint16(p[36:], t.to.Port())
+			binary.BigEndian.PutUint16(p[38:], t.to.Port())
 		})
-	case "MARK":
-		if len(t.opts) != 1 {
-			return bad("options")
-		}
-		o := t.opts[0]
-		var mark, mask uint32
-		var err error
-		switch o.name {
-		case "--or-mark":
-			mark, err = parseU32(o.value)
-			mask = mark
-		case "--xor-mark":
-			mark, err = parseU32(o.value)
-		case "--set-xmark":
-			mark, mask, err = markMask(o.value)
-		default:
-			return bad(o.name)
-		}
-		if err != nil {
-			return bad(o.value)
+	case targetMarkOr, targetMarkXor:
+		mask := t.mark // --or-mark sets the bits of the mark
+		if t.kind == targetMarkXor {
+			mask = 0
 		}
 		xt(b, true, "MARK", 2, 8, func(p []byte) {
-			ne.PutUint32(p[0:], mark)
+			ne.PutUint32(p[0:], t.mark)
 			ne.PutUint32(p[4:], mask)
 		})
-	case "MASQUERADE":
-		var flags uint32
-		for _, o := range t.opts {
-			if o.name != "--random-fully" {
-				return bad(o.name)
-			}
-			flags |= 1 << 4 // NF_NAT_RANGE_PROTO_RANDOM_FULLY
-		}
-		if r.v6 {
-			xt(b, true, "MASQUERADE", 0, 40, func(p []byte) { ne.PutUint32(p[0:], flags) })
+	case targetMasquerade:
+		const randomFully = 1 << 4 // NF_NAT_RANGE_PROTO_RANDOM_FULLY
+		if e.v6 {
+			xt(b, true, "MASQUERADE", 0, 40, func(p []byte) { ne.PutUint32(p[0:], randomFully) })
 			break
 		}
 		xt(b, true, "MASQUERADE", 0, 24, func(p []byte) {
 			ne.PutUint32(p[0:], 1) // rangesize
-			ne.PutUint32(p[4:], flags)
+			ne.PutUint32(p[4:], randomFully)
 		})
-	case "REJECT":
-		// Without --reject-with, iptables rejects with port unreachable.
-		with := "icmp-port-unreachable"
-		if r.v6 {
-			with = "icmp6-port-unreachable"
-		}
-		if o, ok := t.opt("--reject-with"); ok {
-			with = o.value
-		}
-		if len(t.opts) > 1 || len(t.opts) == 1 && t.opts[0].name != "--reject-with" {
-			return bad("options")
-		}
-		codes := rejectV4
-		if r.v6 {
-			codes = rejectV6
-		}
-		code, ok := codes[with]
-		if !ok {
-			return bad(with)
+	case targetReject, targetRejectTCPReset:
+		code := uint32(3) // ICMP port unreachable (IPT_ICMP_PORT_UNREACHABLE)
+		switch {
+		case e.v6 && t.kind == targetReject:
+			code = 4 // IP6T_ICMP6_PORT_UNREACH
+		case e.v6:
+			code = 6 // IP6T_TCP_RESET
+		case t.kind == targetRejectTCPReset:
+			code = 7 // IPT_TCP_RESET
 		}
 		xt(b, true, "REJECT", 0, 8, func(p []byte) { ne.PutUint32(p[0:], code) })
 	default:
-		return bad("")
+		return fmt.Errorf("%w: target kind %d", errNotNetlink, t.kind)
 	}
 	return nil
 }
 
-var (
-	ctStates = map[string]uint16{
-		"INVALID": 1 << 0, "ESTABLISHED": 1 << 1, "RELATED": 1 << 2, "NEW": 1 << 3,
-		"SNAT": 1 << 6, "DNAT": 1 << 7, "UNTRACKED": 1 << 8,
+// verdict is an immediate verdict, to chain for a jump or goto.
+func verdict(b *nfnl.Batch, code int32, chain string) {
+	x := expr(b, "immediate")
+	b.AttrBE32(unix.NFTA_IMMEDIATE_DREG, unix.NFT_REG_VERDICT)
+	d := b.Nest(unix.NFTA_IMMEDIATE_DATA)
+	v := b.Nest(unix.NFTA_DATA_VERDICT)
+	b.AttrBE32(unix.NFTA_VERDICT_CODE, uint32(code))
+	if chain != "" {
+		b.AttrStr(unix.NFTA_VERDICT_CHAIN, chain)
 	}
-	addrTypes = map[string]uint16{"UNICAST": 1 << 1, "LOCAL": 1 << 2, "BROADCAST": 1 << 3}
-	rejectV4  = map[string]uint32{"icmp-port-unreachable": 3, "tcp-reset": 7, "icmp-host-unreachable": 1, "icmp-net-unreachable": 0, "icmp-admin-prohibited": 8}
-	rejectV6  = map[string]uint32{"icmp6-port-unreachable": 4, "tcp-reset": 6, "icmp6-adm-prohibited": 1, "icmp6-no-route": 0, "icmp6-addr-unreachable": 3}
-)
-
-func portRange(s string) (lo, hi uint16, err error) {
-	a, z, isRange := strings.Cut(s, ":")
-	l, err := strconv.ParseUint(a, 10, 16)
-	if err != nil {
-		return 0, 0, err
-	}
-	h := l
-	if isRange {
-		if h, err = strconv.ParseUint(z, 10, 16); err != nil || h < l {
-			return 0, 0, fmt.Errorf("bad range %q", s)
-		}
-	}
-	return uint16(l), uint16(h), nil
+	b.End(v)
+	b.End(d)
+	endExpr(b, x)
 }
 
-func parseU32(s string) (uint32, error) {
-	v, err := strconv.ParseUint(s, 0, 32)
-	return uint32(v), err
+// probValue is statistic's probability field for 1/n as iptables computes
+// it from the ten decimals render prints.
+func probValue(n int) uint32 {
+	if n < len(probValues) {
+		return probValues[n]
+	}
+	return parseProb(probability(n))
 }
 
-// markMask reads "value[/mask]".
-func markMask(s string) (val, mask uint32, err error) {
-	v, m, hasMask := strings.Cut(s, "/")
-	if val, err = parseU32(v); err != nil {
-		return 0, 0, err
+var probValues = func() []uint32 {
+	v := make([]uint32, len(probabilities))
+	for i := 1; i < len(v); i++ {
+		v[i] = parseProb(probabilities[i])
 	}
-	mask = math.MaxUint32
-	if hasMask {
-		mask, err = parseU32(m)
-	}
-	return val, mask, err
+	return v
+}()
+
+func parseProb(s string) uint32 {
+	p, _ := strconv.ParseFloat(s, 64)
+	return uint32(math.Round(0x80000000 * p))
 }

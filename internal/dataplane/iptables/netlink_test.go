@@ -3,6 +3,7 @@ package iptables
 import (
 	"bytes"
 	"errors"
+	"net/netip"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -45,25 +46,18 @@ func TestEveryRenderedRuleTranslates(t *testing.T) {
 }
 
 func TestUntranslatableRules(t *testing.T) {
-	for _, rule := range []string{
-		"-m multiport --dports 80,443 -j ACCEPT",
-		"-m sctp -p sctp --sport 80 -j ACCEPT",
-		"-p icmp -j ACCEPT",
-		"-m tcp -p tcp --sport 80 -j ACCEPT",
-		"-j SNAT --to-source 198.18.0.1",
-		"-j CT --notrack",
-		"-d 198.18.0.300 -j ACCEPT",
-		"-m comment --comment",
-		"-m statistic --mode nth --every 2 -j ACCEPT",
-		"-m conntrack --ctstate BOGUS -j ACCEPT",
-		"-j DNAT --to-destination 198.18.0.1",
-		"-g ACCEPT",
-		"--dport 80",
-		"! -s 0.0.0.0/0 -j ACCEPT",
+	long := string(make([]byte, 256))
+	for _, r := range []rule{
+		rb().comment(long).accept(),
+		rb().not().src(prefixAddr(netip.MustParsePrefix("0.0.0.0/0"))).accept(),
+		rb().dst(bareAddr(netip.MustParseAddr("fd00::1"))).accept(),
+		rb().dnat(netip.MustParseAddrPort("[fd00::1]:80")),
+		rb().dnat(netip.MustParseAddrPort("198.18.0.1:0")),
+		rb().recent(recentMatch{name: string(make([]byte, 200)), ops: recentSet}).accept(),
 	} {
-		w := &tableWrite{table: tableNAT, chains: []*Chain{{Name: "KUBE-TEST", Rules: []string{rule}}}}
+		w := &tableWrite{table: tableNAT, chains: []*Chain{{Name: "KUBE-TEST", Rules: []rule{r}}}}
 		if _, err := encodeSections(model.IPv4, []*tableWrite{w}, nil); !errors.Is(err, errNotNetlink) {
-			t.Errorf("%q: got %v, want errNotNetlink", rule, err)
+			t.Errorf("%q: got %v, want errNotNetlink", r, err)
 		}
 	}
 	w := &tableWrite{table: tableNAT, delRules: []string{"PREROUTING -j KUBE-SERVICES"}}
@@ -73,41 +67,36 @@ func TestUntranslatableRules(t *testing.T) {
 }
 
 func TestAllAddressesEncodeNothing(t *testing.T) {
-	one := func(rule string) int {
-		w := &tableWrite{table: tableNAT, chains: []*Chain{{Name: "KUBE-TEST", Rules: []string{rule}}}}
+	one := func(r rule) int {
+		w := &tableWrite{table: tableNAT, chains: []*Chain{{Name: "KUBE-TEST", Rules: []rule{r}}}}
 		b, err := encodeSections(model.IPv4, []*tableWrite{w}, nil)
 		if err != nil {
-			t.Fatalf("%q: %v", rule, err)
+			t.Fatalf("%s: %v", r, err)
 		}
 		return b.Len()
 	}
-	if a, b := one("-s 0.0.0.0/0 -j ACCEPT"), one("-j ACCEPT"); a != b {
+	if a, b := one(rb().src(prefixAddr(netip.MustParsePrefix("0.0.0.0/0"))).accept()), one(rb().accept()); a != b {
 		t.Errorf("-s 0.0.0.0/0 encoded %d bytes, a rule without it %d", a, b)
 	}
 }
 
-func TestParseAddr(t *testing.T) {
+func TestAddrBytes(t *testing.T) {
 	for _, tc := range []struct {
-		fam        model.Family
-		in         string
+		in         addr
 		addr, mask string
 	}{
-		{model.IPv4, "198.18.4.7", "c6120407", "ffffffff"},
-		{model.IPv4, "198.18.64.0/18", "c6124000", "ffffc000"},
-		{model.IPv4, "198.18.4.9/0.0.0.15", "00000009", "0000000f"},
-		{model.IPv4, "127.0.0.0/8", "7f000000", "ff000000"},
-		{model.IPv6, "fd00:10::/64", "fd000010000000000000000000000000", "ffffffffffffffff0000000000000000"},
+		{bareAddr(netip.MustParseAddr("198.18.4.7")), "c6120407", "ffffffff"},
+		{prefixAddr(netip.MustParsePrefix("198.18.64.0/18")), "c6124000", "ffffc000"},
+		{prefixAddr(netip.MustParsePrefix("198.18.64.1/18")), "c6124000", "ffffc000"},
+		{lowBitsAddr(false, 9, 15), "00000009", "0000000f"},
+		{lowBitsAddr(true, 0xa7, 0xff), "000000000000000000000000000000a7", "000000000000000000000000000000ff"},
+		{prefixAddr(netip.MustParsePrefix("127.0.0.0/8")), "7f000000", "ff000000"},
+		{prefixAddr(netip.MustParsePrefix("fd00:10::/64")), "fd000010000000000000000000000000", "ffffffffffffffff0000000000000000"},
 	} {
-		a, m, err := parseAddr(new([2][16]byte), tc.fam, tc.in)
-		if err != nil {
-			t.Fatalf("%s: %v", tc.in, err)
-		}
+		a, m := (&encoder{}).addrBytes(tc.in)
 		if got := hex(a) + "/" + hex(m); got != tc.addr+"/"+tc.mask {
-			t.Errorf("%s: got %s, want %s/%s", tc.in, got, tc.addr, tc.mask)
+			t.Errorf("%s: got %s, want %s/%s", tc.in.appendText(nil), got, tc.addr, tc.mask)
 		}
-	}
-	if _, _, err := parseAddr(new([2][16]byte), model.IPv4, "fd00::1"); err == nil {
-		t.Error("an IPv6 address in an IPv4 rule was accepted")
 	}
 }
 
@@ -120,12 +109,11 @@ func hex(b []byte) string {
 	return string(out)
 }
 
-// TestReusedRuleEncodesAsFresh: one xtRule reused across rules (as
+// TestReusedEncoderEncodesAsFresh: one encoder reused across rules (as
 // encodeSections does) encodes every rule exactly as a fresh one would, in
-// either order, so no option, address or match of one rule leaks into the
-// next.
-func TestReusedRuleEncodesAsFresh(t *testing.T) {
-	var rules []string
+// either order, so no address of one rule leaks into the next.
+func TestReusedEncoderEncodesAsFresh(t *testing.T) {
+	var rules []rule
 	for _, v := range configVariants(dptest.Config) {
 		p, err := New(v.cfg, v.opts...)
 		if err != nil {
@@ -139,23 +127,23 @@ func TestReusedRuleEncodesAsFresh(t *testing.T) {
 			}
 		}
 	}
-	encode := func(r *xtRule, rule string) []byte {
+	encode := func(e *encoder, r *rule) []byte {
 		b := nfnl.NewBatch(unix.NFPROTO_IPV4, nil, 0)
-		if err := addRule(b, r, model.IPv4, tableNAT, "KUBE-TEST", rule, true); err != nil {
-			t.Fatalf("%q: %v", rule, err)
+		if err := e.addRule(b, tableNAT, "KUBE-TEST", r, true); err != nil {
+			t.Fatalf("%s: %v", r, err)
 		}
 		parts, _, _ := b.Close()
 		return bytes.Join(parts, nil)
 	}
 	for _, order := range []string{"forward", "backward"} {
-		var shared xtRule
+		var shared encoder
 		for i := range rules {
-			rule := rules[i]
+			r := &rules[i]
 			if order == "backward" {
-				rule = rules[len(rules)-1-i]
+				r = &rules[len(rules)-1-i]
 			}
-			if got, want := encode(&shared, rule), encode(&xtRule{}, rule); !bytes.Equal(got, want) {
-				t.Fatalf("%s: %q encodes differently after %d reused rules", order, rule, i)
+			if got, want := encode(&shared, r), encode(&encoder{}, r); !bytes.Equal(got, want) {
+				t.Fatalf("%s: %s encodes differently after %d reused rules", order, r, i)
 			}
 		}
 	}

@@ -1,7 +1,6 @@
 package iptables
 
 import (
-	"fmt"
 	"net/netip"
 	"strings"
 
@@ -9,20 +8,22 @@ import (
 	"github.com/kproxy/kproxy/internal/model"
 )
 
-// Chain is one chain kproxy owns and its rules; each rule is the text that
-// follows "-A <Name> " in iptables-restore input.
+// Chain is one chain kproxy owns and its rules, as typed values (rule.go)
+// that print as the text following "-A <Name> " in iptables-restore input.
 type Chain struct {
 	Name  string
-	Rules []string
+	Rules []rule
 }
 
 // Jump is a rule kproxy inserts (at the top) into a built-in chain.
 type Jump struct {
 	Table, Chain string
-	// Rule is the rule text after "-I <Chain> 1 "; it ends in "-j <target>".
-	Rule   string
-	Target string
+	// Rule jumps to one of kproxy's chains (Target).
+	Rule rule
 }
+
+// Target is the chain the jump leads to.
+func (j Jump) Target() string { return j.Rule.target.chain }
 
 // Ruleset is the desired state of one family: kproxy's chains per table, in
 // the order they are written, and the jumps from the built-in chains.
@@ -59,10 +60,9 @@ type Params struct {
 // renderer holds what every rule of one family needs.
 type renderer struct {
 	fam         model.Family
-	masqMark    string
+	masqMark    uint32
 	masqAll     bool
-	ifLocal     string // match for traffic from local pods; "" when unknown
-	ifNotLocal  string
+	local       localMatch // traffic from local pods; zero when unknown
 	nodeIP      netip.Addr
 	localhostNP bool // NodePorts answer on 127.0.0.0/8 (IPv4 only)
 	liberal     bool
@@ -78,8 +78,8 @@ const largeClusterEndpoints = 1000
 func newRenderer(p Params, fs *model.FamilySnapshot, node model.NodeInfo) *renderer {
 	cfg := p.Config
 	r := &renderer{fam: fs.Family, masqAll: cfg.MasqueradeAll, liberal: p.ConntrackLiberal}
-	r.masqMark = fmt.Sprintf("%#08x", uint32(1)<<uint(cfg.MasqueradeBit&31))
-	r.ifLocal, r.ifNotLocal = localMatch(cfg, fs.Family, node)
+	r.masqMark = uint32(1) << uint(cfg.MasqueradeBit&31)
+	r.local = localMatchOf(cfg, fs.Family, node)
 	for _, ip := range cfg.NodeIPs {
 		if model.FamilyOf(ip) == fs.Family && !r.nodeIP.IsValid() {
 			r.nodeIP = ip.Unmap()
@@ -118,16 +118,25 @@ func allowsLoopback(all bool, cidrs []netip.Prefix) bool {
 	return false
 }
 
-// localMatch returns the iptables matches for traffic from, and not from,
-// local pods; both empty when the mode cannot tell.
-func localMatch(cfg dataplane.Config, fam model.Family, node model.NodeInfo) (string, string) {
-	byCIDR := func(cidrs []netip.Prefix) (string, string) {
+// localMatch tells traffic from local pods: by source CIDR or by input
+// interface ("name+": a prefix). The zero value cannot tell.
+type localMatch struct {
+	cidr  netip.Prefix
+	iface string
+}
+
+func (m localMatch) known() bool { return m.cidr.IsValid() || m.iface != "" }
+
+// localMatchOf returns the match for traffic from local pods; zero when
+// the mode cannot tell.
+func localMatchOf(cfg dataplane.Config, fam model.Family, node model.NodeInfo) localMatch {
+	byCIDR := func(cidrs []netip.Prefix) localMatch {
 		for _, c := range cidrs {
 			if model.FamilyOf(c.Addr()) == fam {
-				return "-s " + c.Masked().String(), "! -s " + c.Masked().String()
+				return localMatch{cidr: c.Masked()}
 			}
 		}
-		return "", ""
+		return localMatch{}
 	}
 	switch cfg.LocalMode {
 	case dataplane.LocalClusterCIDR:
@@ -136,14 +145,14 @@ func localMatch(cfg dataplane.Config, fam model.Family, node model.NodeInfo) (st
 		return byCIDR(node.PodCIDRs)
 	case dataplane.LocalBridgeInterface:
 		if cfg.BridgeInterface != "" {
-			return "-i " + cfg.BridgeInterface, "! -i " + cfg.BridgeInterface
+			return localMatch{iface: cfg.BridgeInterface}
 		}
 	case dataplane.LocalInterfacePrefix:
 		if cfg.InterfacePrefix != "" {
-			return "-i " + cfg.InterfacePrefix + "+", "! -i " + cfg.InterfacePrefix + "+"
+			return localMatch{iface: cfg.InterfacePrefix + "+"}
 		}
 	}
-	return "", ""
+	return localMatch{}
 }
 
 // nodePortCIDRs interprets nodePortAddresses for one family. The daemon has
@@ -203,9 +212,18 @@ func (r *renderer) sharedChains(order []*model.ServicePort, ports map[model.Port
 		lin[name] = &Chain{Name: name}
 	}
 	d := newDispatcher(r.fam)
-	for _, sp := range order {
-		for _, e := range ports[sp.ID].entries {
-			if e.table == tableFilter {
+	entries := make([][]entry, len(order))
+	for i, sp := range order {
+		entries[i] = ports[sp.ID].entries
+		for j := range entries[i] {
+			if e := &entries[i][j]; e.table == tableNAT {
+				d.reserve(e)
+			}
+		}
+	}
+	for _, es := range entries {
+		for i := range es {
+			if e := &es[i]; e.table == tableFilter {
 				lin[e.chain].Rules = append(lin[e.chain].Rules, e.rule)
 			} else {
 				d.add(e)
@@ -229,55 +247,62 @@ func (r *renderer) sharedChains(order []*model.ServicePort, ports map[model.Port
 func canaryChain() *Chain { return &Chain{Name: chainCanary} }
 
 func (r *renderer) postroutingChain() *Chain {
-	return &Chain{Name: chainPostrouting, Rules: []string{
-		"-m mark ! --mark " + r.masqMark + "/" + r.masqMark + " -j RETURN",
-		"-j MARK --xor-mark " + r.masqMark,
-		`-m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully`,
+	return &Chain{Name: chainPostrouting, Rules: []rule{
+		rb().not().markMatch(r.masqMark, r.masqMark).ret(),
+		rb().markXor(r.masqMark),
+		rb().comment("kubernetes service traffic requiring SNAT").masquerade(),
 	}}
 }
 
 func (r *renderer) markMasqChain() *Chain {
-	return &Chain{Name: chainMarkMasq, Rules: []string{"-j MARK --or-mark " + r.masqMark}}
+	return &Chain{Name: chainMarkMasq, Rules: []rule{rb().markOr(r.masqMark)}}
 }
+
+var (
+	loopback4 = netip.MustParsePrefix("127.0.0.0/8")
+	loopback6 = netip.MustParsePrefix("::1/128")
+)
 
 // martianChain is kubelet's KUBE-FIREWALL rule against localnet packets
 // from other hosts (CVE-2020-8558), needed once route_localnet is 1.
 func (r *renderer) martianChain() *Chain {
-	return &Chain{Name: chainKubeletFirewall, Rules: []string{
-		`-d 127.0.0.0/8 ! -s 127.0.0.0/8 -m comment --comment "block incoming localnet connections" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP`,
+	lo := prefixAddr(loopback4)
+	return &Chain{Name: chainKubeletFirewall, Rules: []rule{
+		rb().dst(lo).not().src(lo).comment("block incoming localnet connections").
+			not().ctstate(ctRelated | ctEstablished | ctDNAT).drop(),
 	}}
 }
 
-func (r *renderer) forwardRules() []string {
-	var rules []string
+func (r *renderer) forwardRules() []rule {
+	var rules []rule
 	if !r.liberal {
-		rules = append(rules, "-m conntrack --ctstate INVALID -j DROP")
+		rules = append(rules, rb().ctstate(ctInvalid).drop())
 	}
 	return append(rules,
-		`-m comment --comment "kubernetes forwarding rules" -m mark --mark `+r.masqMark+"/"+r.masqMark+" -j ACCEPT",
-		`-m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT`,
+		rb().comment("kubernetes forwarding rules").markMatch(r.masqMark, r.masqMark).accept(),
+		rb().comment("kubernetes forwarding conntrack rule").ctstate(ctRelated|ctEstablished).accept(),
 	)
 }
 
 // nodePortsJumps are the last rules of nat KUBE-SERVICES: local
 // destinations go on to KUBE-NODEPORTS.
-func (r *renderer) nodePortsJumps() []string {
-	const c = `-m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" `
+func (r *renderer) nodePortsJumps() []rule {
+	const c = "kubernetes service nodeports; NOTE: this must be the last rule in this chain"
 	if r.npAll {
-		dst := "-m addrtype --dst-type LOCAL "
+		b := rb().comment(c).dstType(addrLocal)
 		if r.fam == model.IPv6 {
-			dst += "! -d ::1/128 "
+			b.not().dst(prefixAddr(loopback6))
 		} else if !r.localhostNP {
-			dst += "! -d 127.0.0.0/8 "
+			b.not().dst(prefixAddr(loopback4))
 		}
-		return []string{c + dst + "-j " + chainNodePorts}
+		return []rule{b.jump(chainNodePorts)}
 	}
-	var rules []string
+	var rules []rule
 	for _, cidr := range r.npCIDRs {
 		if cidr.Addr().IsLoopback() && (r.fam == model.IPv6 || !r.localhostNP) {
 			continue
 		}
-		rules = append(rules, c+"-d "+cidr.String()+" -m addrtype --dst-type LOCAL -j "+chainNodePorts)
+		rules = append(rules, rb().comment(c).dst(prefixAddr(cidr)).dstType(addrLocal).jump(chainNodePorts))
 	}
 	return rules
 }
@@ -285,37 +310,31 @@ func (r *renderer) nodePortsJumps() []string {
 // jumps are the rules from built-in chains into kproxy's chains, as
 // upstream installs them.
 func (r *renderer) jumps() []Jump {
-	const newOnly = "-m conntrack --ctstate NEW "
-	j := func(table, chain, extra, comment, target string) Jump {
-		return Jump{Table: table, Chain: chain, Target: target,
-			Rule: extra + `-m comment --comment "` + comment + `" -j ` + target}
+	j := func(table, chain string, newOnly bool, comment, target string) Jump {
+		b := rb()
+		if newOnly {
+			b.ctstate(ctNew)
+		}
+		return Jump{Table: table, Chain: chain, Rule: b.comment(comment).jump(target)}
 	}
 	js := []Jump{
-		j(tableFilter, "INPUT", newOnly, "kubernetes externally-visible service portals", chainExternalServices),
-		j(tableFilter, "FORWARD", newOnly, "kubernetes externally-visible service portals", chainExternalServices),
-		j(tableFilter, "INPUT", "", "kubernetes health check service ports", chainNodePorts),
-		j(tableFilter, "FORWARD", newOnly, "kubernetes service portals", chainServices),
-		j(tableFilter, "OUTPUT", newOnly, "kubernetes service portals", chainServices),
-		j(tableFilter, "FORWARD", "", "kubernetes forwarding rules", chainForward),
-		j(tableFilter, "INPUT", newOnly, "kubernetes load balancer firewall", chainProxyFirewall),
-		j(tableFilter, "OUTPUT", newOnly, "kubernetes load balancer firewall", chainProxyFirewall),
-		j(tableFilter, "FORWARD", newOnly, "kubernetes load balancer firewall", chainProxyFirewall),
-		j(tableNAT, "OUTPUT", "", "kubernetes service portals", chainServices),
-		j(tableNAT, "PREROUTING", "", "kubernetes service portals", chainServices),
-		j(tableNAT, "POSTROUTING", "", "kubernetes postrouting rules", chainPostrouting),
+		j(tableFilter, "INPUT", true, "kubernetes externally-visible service portals", chainExternalServices),
+		j(tableFilter, "FORWARD", true, "kubernetes externally-visible service portals", chainExternalServices),
+		j(tableFilter, "INPUT", false, "kubernetes health check service ports", chainNodePorts),
+		j(tableFilter, "FORWARD", true, "kubernetes service portals", chainServices),
+		j(tableFilter, "OUTPUT", true, "kubernetes service portals", chainServices),
+		j(tableFilter, "FORWARD", false, "kubernetes forwarding rules", chainForward),
+		j(tableFilter, "INPUT", true, "kubernetes load balancer firewall", chainProxyFirewall),
+		j(tableFilter, "OUTPUT", true, "kubernetes load balancer firewall", chainProxyFirewall),
+		j(tableFilter, "FORWARD", true, "kubernetes load balancer firewall", chainProxyFirewall),
+		j(tableNAT, "OUTPUT", false, "kubernetes service portals", chainServices),
+		j(tableNAT, "PREROUTING", false, "kubernetes service portals", chainServices),
+		j(tableNAT, "POSTROUTING", false, "kubernetes postrouting rules", chainPostrouting),
 	}
 	if r.localhostNP {
 		for _, c := range []string{"INPUT", "OUTPUT"} {
-			js = append(js, Jump{Table: tableFilter, Chain: c, Rule: "-j " + chainKubeletFirewall, Target: chainKubeletFirewall})
+			js = append(js, Jump{Table: tableFilter, Chain: c, Rule: rb().jump(chainKubeletFirewall)})
 		}
 	}
 	return js
-}
-
-// comment is a comment match; text with spaces is quoted.
-func comment(text string) string {
-	if strings.ContainsAny(text, " \t") {
-		return `-m comment --comment "` + text + `"`
-	}
-	return "-m comment --comment " + text
 }

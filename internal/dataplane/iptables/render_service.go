@@ -2,7 +2,11 @@ package iptables
 
 import (
 	"hash/maphash"
+	"net/netip"
+	"slices"
 	"strconv"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kproxy/kproxy/internal/model"
 )
@@ -38,15 +42,16 @@ func (pr *portRules) compact() {
 	pr.nat = nil
 }
 
-// sumRules is a 64-bit hash of the rules, each ended by a newline, seeded
-// per process: rules are made from API objects, and an unseeded hash would
-// let someone craft a change whose chain sums like the written one.
-func sumRules(rules []string) uint64 {
+// sumRules is a 64-bit hash of the rules' text, each ended by a newline,
+// seeded per process: rules are made from API objects, and an unseeded
+// hash would let someone craft a change whose chain sums like the written
+// one.
+func sumRules(rules []rule) uint64 {
 	var h maphash.Hash
 	h.SetSeed(sumSeed)
-	for _, r := range rules {
-		h.WriteString(r)
-		h.WriteByte('\n')
+	var buf [256]byte
+	for i := range rules {
+		h.Write(append(rules[i].appendText(buf[:0]), '\n'))
 	}
 	return h.Sum64()
 }
@@ -59,7 +64,7 @@ var sumSeed = maphash.MakeSeed()
 type entry struct {
 	table, chain string
 	key          dispatchKey
-	rule         string
+	rule         rule
 }
 
 // svcCtx is the per-port view upstream's rules are derived from.
@@ -67,8 +72,8 @@ type svcCtx struct {
 	sp      *model.ServicePort
 	name    string // "ns/name:port"
 	proto   string // tcp, udp, sctp
+	protoN  uint8  // its number
 	ch      portChains
-	match   string // "-m tcp -p tcp"
 	hasEPs  bool
 	hasInt  bool   // internal traffic has endpoints
 	hasExt  bool   // external traffic has endpoints
@@ -76,36 +81,43 @@ type svcCtx struct {
 	extPol  string // policy chain for external traffic
 	lbTo    string // chain for load-balancer traffic
 	useFW   bool
-	filtTgt string // target of filter rules for internal traffic: REJECT or DROP
+	filtTgt target // target of filter rules for internal traffic: REJECT or DROP
 	filtCmt string
-	extTgt  string
+	extTgt  target
 	extCmt  string
 	chains  map[string]*Chain
 	order   []string
 	refs    map[string]bool // port chains rules jump to
+	large   bool            // no per-endpoint comments (renderer.large)
 	eps     map[*model.Endpoint]epNames
 }
 
 // epNames caches what rules say about one endpoint.
 type epNames struct {
+	ap    netip.AddrPort
 	str   string // "ip:port"
 	chain string // KUBE-SEP-...
+	cmt   string // "ns/name:port -> ip:port"; "" in large clusters
 }
 
 func (s *svcCtx) ep(ep *model.Endpoint) epNames {
 	if n, ok := s.eps[ep]; ok {
 		return n
 	}
-	str := ep.String()
-	n := epNames{str: str, chain: prefixSEP + hash16(s.name+s.proto+str)}
+	ap := ep.AddrPort()
+	str := ap.String()
+	n := epNames{ap: ap, str: str, chain: prefixSEP + hash16(s.name+s.proto+str)}
+	if !s.large {
+		n.cmt = s.name + " -> " + str
+	}
 	s.eps[ep] = n
 	return n
 }
 
 func (r *renderer) newSvcCtx(sp *model.ServicePort) *svcCtx {
 	s := &svcCtx{sp: sp, name: portName(sp.ID), proto: protoLower(sp.Protocol), ch: chainsOf(sp.ID),
-		hasEPs: sp.HasEndpoints, chains: map[string]*Chain{}, refs: map[string]bool{}, eps: map[*model.Endpoint]epNames{}}
-	s.match = "-m " + s.proto + " -p " + s.proto
+		hasEPs: sp.HasEndpoints, large: r.large, chains: map[string]*Chain{}, refs: map[string]bool{}, eps: map[*model.Endpoint]epNames{}}
+	s.protoN = ipProto(s.proto)
 	s.hasInt, s.intTo = s.hasEPs, s.ch.svc
 	if sp.InternalPolicyLocal {
 		s.intTo, s.hasInt = s.ch.svl, s.hasEPs && len(sp.LocalEndpoints) > 0
@@ -123,10 +135,10 @@ func (r *renderer) newSvcCtx(sp *model.ServicePort) *svcCtx {
 	case !s.hasEPs:
 		s.filtTgt = rejectTarget(s.proto)
 		s.extTgt = s.filtTgt
-		s.filtCmt = comment(s.name + " has no endpoints")
+		s.filtCmt = s.name + " has no endpoints"
 		s.extCmt = s.filtCmt
 	default:
-		s.filtTgt, s.filtCmt = "DROP", comment(s.name+" has no local endpoints")
+		s.filtTgt, s.filtCmt = target{kind: targetDrop}, s.name+" has no local endpoints"
 		s.extTgt, s.extCmt = s.filtTgt, s.filtCmt
 	}
 	return s
@@ -136,11 +148,11 @@ func (r *renderer) newSvcCtx(sp *model.ServicePort) *svcCtx {
 // reset, as kproxy's nftables mode does: a TCP client acts on an ICMPv6
 // error only at its first SYN retransmit (about 1 s later), which a client
 // cannot tell from a dropped SYN. Other protocols get the ICMP default.
-func rejectTarget(proto string) string {
+func rejectTarget(proto string) target {
 	if proto == "tcp" {
-		return "REJECT --reject-with tcp-reset"
+		return target{kind: targetRejectTCPReset}
 	}
-	return "REJECT"
+	return target{kind: targetReject}
 }
 
 // chain returns the port's chain called name, creating it on first use.
@@ -154,11 +166,22 @@ func (s *svcCtx) chain(name string) *Chain {
 	return c
 }
 
-func (s *svcCtx) add(chain string, rule string) { c := s.chain(chain); c.Rules = append(c.Rules, rule) }
+func (s *svcCtx) add(chain string, r rule) { c := s.chain(chain); c.Rules = append(c.Rules, r) }
 
-// dst is the match for one frontend address and the service port.
-func (s *svcCtx) dst(ip string, port uint16) string {
-	return s.match + " -d " + ip + " --dport " + strconv.Itoa(int(port))
+// frontend is a rule commented cmt matching one frontend address and the
+// service port.
+func (s *svcCtx) frontend(cmt string, ip netip.Addr, port uint16) *builder {
+	return rb().comment(cmt).portMatch(s.protoN).dst(bareAddr(ip)).dport(port, port)
+}
+
+// nodePortMatch is a rule commented cmt matching the node port on local
+// addresses (with local) or any.
+func (s *svcCtx) nodePortMatch(cmt string, local bool) *builder {
+	b := rb().comment(cmt)
+	if local {
+		b.dstType(addrLocal)
+	}
+	return b.portMatch(s.protoN).dport(s.sp.NodePort, s.sp.NodePort)
 }
 
 // port renders one service port, one feature per function.
@@ -180,12 +203,12 @@ func (r *renderer) port(sp *model.ServicePort) *portRules {
 	return pr
 }
 
-func natEntry(chain string, key dispatchKey, rule string) entry {
-	return entry{table: tableNAT, chain: chain, key: key, rule: rule}
+func natEntry(chain string, key dispatchKey, r rule) entry {
+	return entry{table: tableNAT, chain: chain, key: key, rule: r}
 }
 
-func filterEntry(chain, rule string) entry {
-	return entry{table: tableFilter, chain: chain, rule: rule}
+func filterEntry(chain string, r rule) entry {
+	return entry{table: tableFilter, chain: chain, rule: r}
 }
 
 // clusterIP captures the cluster IP, or rejects/drops it in filter, and
@@ -195,31 +218,30 @@ func (r *renderer) clusterIP(s *svcCtx, pr *portRules) {
 	if !sp.ClusterIP.IsValid() {
 		return
 	}
-	ip := sp.ClusterIP.String()
-	cmt := comment(s.name + " cluster IP")
+	ip := sp.ClusterIP
+	cmt := s.name + " cluster IP"
 	if !s.hasInt {
-		pr.entries = append(pr.entries, filterEntry(chainServices, s.filtCmt+" "+s.dst(ip, sp.Port)+" -j "+s.filtTgt))
+		pr.entries = append(pr.entries, filterEntry(chainServices, s.frontend(s.filtCmt, ip, sp.Port).to(s.filtTgt)))
 		return
 	}
-	pr.entries = append(pr.entries, natEntry(chainServices, addrKey(sp.ClusterIP), cmt+" "+s.dst(ip, sp.Port)+" -j "+s.intTo))
+	pr.entries = append(pr.entries, natEntry(chainServices, addrKey(ip), s.frontend(cmt, ip, sp.Port).jump(s.intTo)))
 	s.refs[s.intTo] = true
 	switch {
 	case r.masqAll:
-		s.add(s.intTo, cmt+" "+s.dst(ip, sp.Port)+" -j "+chainMarkMasq)
-	case r.ifNotLocal != "":
-		s.add(s.intTo, cmt+" "+s.dst(ip, sp.Port)+" "+r.ifNotLocal+" -j "+chainMarkMasq)
+		s.add(s.intTo, s.frontend(cmt, ip, sp.Port).jump(chainMarkMasq))
+	case r.local.known():
+		s.add(s.intTo, s.frontend(cmt, ip, sp.Port).not().local(r.local).jump(chainMarkMasq))
 	}
 }
 
 // externalIPs captures spec.externalIPs.
 func (r *renderer) externalIPs(s *svcCtx, pr *portRules) {
 	for _, a := range s.sp.ExternalIPs {
-		m := s.dst(a.String(), s.sp.Port)
 		if s.hasEPs {
-			pr.entries = append(pr.entries, natEntry(chainServices, addrKey(a), comment(s.name+" external IP")+" "+m+" -j "+s.ch.ext))
+			pr.entries = append(pr.entries, natEntry(chainServices, addrKey(a), s.frontend(s.name+" external IP", a, s.sp.Port).jump(s.ch.ext)))
 		}
 		if !s.hasExt {
-			pr.entries = append(pr.entries, filterEntry(chainExternalServices, s.extCmt+" "+m+" -j "+s.extTgt))
+			pr.entries = append(pr.entries, filterEntry(chainExternalServices, s.frontend(s.extCmt, a, s.sp.Port).to(s.extTgt)))
 		}
 	}
 }
@@ -228,20 +250,19 @@ func (r *renderer) externalIPs(s *svcCtx, pr *portRules) {
 // loadBalancerSourceRanges restrict them.
 func (r *renderer) loadBalancer(s *svcCtx, pr *portRules) {
 	for _, a := range s.sp.LoadBalancerIPs {
-		m := s.dst(a.String(), s.sp.Port)
 		if s.hasEPs {
-			pr.entries = append(pr.entries, natEntry(chainServices, addrKey(a), comment(s.name+" loadbalancer IP")+" "+m+" -j "+s.lbTo))
+			pr.entries = append(pr.entries, natEntry(chainServices, addrKey(a), s.frontend(s.name+" loadbalancer IP", a, s.sp.Port).jump(s.lbTo)))
 		}
 		if s.useFW {
 			pr.entries = append(pr.entries, filterEntry(chainProxyFirewall,
-				comment(s.name+" traffic not accepted by "+s.ch.fw)+" "+m+" -j DROP"))
+				s.frontend(s.name+" traffic not accepted by "+s.ch.fw, a, s.sp.Port).drop()))
 		}
 	}
 	if s.hasExt {
 		return
 	}
 	for _, a := range s.sp.LoadBalancerIPs {
-		pr.entries = append(pr.entries, filterEntry(chainExternalServices, s.extCmt+" "+s.dst(a.String(), s.sp.Port)+" -j "+s.extTgt))
+		pr.entries = append(pr.entries, filterEntry(chainExternalServices, s.frontend(s.extCmt, a, s.sp.Port).to(s.extTgt)))
 	}
 }
 
@@ -251,14 +272,11 @@ func (r *renderer) nodePort(s *svcCtx, pr *portRules) {
 	if np == 0 {
 		return
 	}
-	port := strconv.Itoa(int(np))
 	if s.hasEPs {
-		pr.entries = append(pr.entries, natEntry(chainNodePorts, portKey(s.proto, np),
-			comment(s.name)+" "+s.match+" --dport "+port+" -j "+s.ch.ext))
+		pr.entries = append(pr.entries, natEntry(chainNodePorts, portKey(s.proto, np), s.nodePortMatch(s.name, false).jump(s.ch.ext)))
 	}
 	if !s.hasExt {
-		pr.entries = append(pr.entries, filterEntry(chainExternalServices,
-			s.extCmt+" -m addrtype --dst-type LOCAL "+s.match+" --dport "+port+" -j "+s.extTgt))
+		pr.entries = append(pr.entries, filterEntry(chainExternalServices, s.nodePortMatch(s.extCmt, true).to(s.extTgt)))
 	}
 }
 
@@ -266,7 +284,7 @@ func (r *renderer) nodePort(s *svcCtx, pr *portRules) {
 func (r *renderer) healthCheck(s *svcCtx, pr *portRules) {
 	if hc := s.sp.HealthCheckNodePort; hc != 0 {
 		pr.entries = append(pr.entries, filterEntry(chainNodePorts,
-			comment(s.name+" health check node port")+" -m tcp -p tcp --dport "+strconv.Itoa(int(hc))+" -j ACCEPT"))
+			rb().comment(s.name+" health check node port").portMatch(unix.IPPROTO_TCP).dport(hc, hc).accept()))
 	}
 }
 
@@ -278,17 +296,17 @@ func (r *renderer) externalChain(s *svcCtx) {
 	}
 	ext := s.ch.ext
 	if !s.sp.ExternalPolicyLocal {
-		s.add(ext, comment("masquerade traffic for "+s.name+" external destinations")+" -j "+chainMarkMasq)
+		s.add(ext, rb().comment("masquerade traffic for "+s.name+" external destinations").jump(chainMarkMasq))
 	} else {
-		if r.ifLocal != "" {
-			s.add(ext, comment("pod traffic for "+s.name+" external destinations")+" "+r.ifLocal+" -j "+s.ch.svc)
+		if r.local.known() {
+			s.add(ext, rb().comment("pod traffic for "+s.name+" external destinations").local(r.local).jump(s.ch.svc))
 		}
-		s.add(ext, comment("masquerade LOCAL traffic for "+s.name+" external destinations")+" -m addrtype --src-type LOCAL -j "+chainMarkMasq)
-		s.add(ext, comment("route LOCAL traffic for "+s.name+" external destinations")+" -m addrtype --src-type LOCAL -j "+s.ch.svc)
+		s.add(ext, rb().comment("masquerade LOCAL traffic for "+s.name+" external destinations").srcType(addrLocal).jump(chainMarkMasq))
+		s.add(ext, rb().comment("route LOCAL traffic for "+s.name+" external destinations").srcType(addrLocal).jump(s.ch.svc))
 		s.refs[s.ch.svc] = true
 	}
 	if s.hasExt {
-		s.add(ext, "-j "+s.extPol)
+		s.add(ext, rb().jump(s.extPol))
 		s.refs[s.extPol] = true
 	}
 }
@@ -299,18 +317,18 @@ func (r *renderer) firewallChain(s *svcCtx) {
 	if !s.useFW {
 		return
 	}
-	cmt := comment(s.name + " loadbalancer IP")
+	cmt := s.name + " loadbalancer IP"
 	fromNode := false
 	for _, c := range s.sp.SourceRanges {
-		s.add(s.ch.fw, cmt+" -s "+c.String()+" -j "+s.ch.ext)
+		s.add(s.ch.fw, rb().comment(cmt).src(prefixAddr(c)).jump(s.ch.ext))
 		fromNode = fromNode || (r.nodeIP.IsValid() && c.Contains(r.nodeIP))
 	}
 	if fromNode {
 		for _, a := range s.sp.LoadBalancerIPs {
-			s.add(s.ch.fw, cmt+" -s "+a.String()+" -j "+s.ch.ext)
+			s.add(s.ch.fw, rb().comment(cmt).src(bareAddr(a)).jump(s.ch.ext))
 		}
 	}
-	s.add(s.ch.fw, comment("other traffic to "+s.name+" will be dropped by KUBE-PROXY-FIREWALL"))
+	s.add(s.ch.fw, rb().comment("other traffic to "+s.name+" will be dropped by KUBE-PROXY-FIREWALL").none())
 }
 
 // policyChains are KUBE-SVC (Cluster policy) and KUBE-SVL (Local policy):
@@ -331,20 +349,25 @@ func (r *renderer) policyChains(s *svcCtx) {
 // balance fills a policy chain with affinity and load-balancing rules.
 func (r *renderer) balance(s *svcCtx, chain string, eps []*model.Endpoint) {
 	c := s.chain(chain)
+	n := len(eps)
 	if s.sp.AffinityTimeout > 0 {
-		secs := strconv.Itoa(int(s.sp.AffinityTimeout))
+		n *= 2
+	}
+	c.Rules = slices.Grow(c.Rules, n) // rules are large: no regrowth copies
+	if s.sp.AffinityTimeout > 0 {
 		for _, ep := range eps {
 			n := s.ep(ep)
-			c.Rules = append(c.Rules, r.epComment(s.name, " -> ", n.str)+"-m recent --name "+n.chain+" --rcheck --seconds "+secs+" --reap -j "+n.chain)
+			check := recentMatch{name: n.chain, seconds: uint32(s.sp.AffinityTimeout), ops: recentRcheck | recentReap}
+			c.Rules = append(c.Rules, s.epRule(n.cmt).recent(check).jump(n.chain))
 		}
 	}
 	for i, ep := range eps {
 		n := s.ep(ep)
-		stat := ""
+		b := s.epRule(n.cmt)
 		if k := len(eps) - i; k > 1 {
-			stat = "-m statistic --mode random --probability " + probability(k) + " "
+			b.oneIn(k)
 		}
-		c.Rules = append(c.Rules, r.epComment(s.name, " -> ", n.str)+stat+"-j "+n.chain)
+		c.Rules = append(c.Rules, b.jump(n.chain))
 	}
 }
 
@@ -353,30 +376,31 @@ func (r *renderer) balance(s *svcCtx, chain string, eps []*model.Endpoint) {
 // port-less "-m tcp": that match tests nothing, and at 10k Services × 10
 // endpoints its 100k xtables instances cost ~0.6 s of a cold start.
 func (r *renderer) endpointChains(s *svcCtx) {
-	cmt := r.epComment(s.name, "", "")
+	cmt := ""
+	if !s.large {
+		cmt = s.name
+	}
 	for _, ep := range s.sp.AllReachable {
 		n := s.ep(ep)
-		recent := ""
-		if s.sp.AffinityTimeout > 0 {
-			recent = "-m recent --name " + n.chain + " --set "
-		}
 		c := s.chain(n.chain)
-		c.Rules = append(c.Rules,
-			cmt+"-s "+ep.IP.String()+" -j "+chainMarkMasq,
-			cmt+recent+"-p "+s.proto+" -j DNAT --to-destination "+n.str)
+		c.Rules = slices.Grow(c.Rules, 2)
+		hairpin := s.epRule(cmt).src(bareAddr(ep.IP)).jump(chainMarkMasq)
+		b := s.epRule(cmt)
+		if s.sp.AffinityTimeout > 0 {
+			b.recent(recentMatch{name: n.chain, ops: recentSet})
+		}
+		c.Rules = append(c.Rules, hairpin, b.proto(s.protoN).dnat(n.ap))
 	}
 }
 
-// epComment is the comment a+b+c plus a space, or nothing in large
-// clusters (upstream leaves these comments out past 1000 endpoints).
-func (r *renderer) epComment(a, b, c string) string {
-	if r.large {
-		return ""
+// epRule starts a per-endpoint rule: commented cmt, or not commented in
+// large clusters (cmt "": upstream leaves these comments out past 1000
+// endpoints).
+func (s *svcCtx) epRule(cmt string) *builder {
+	if cmt == "" {
+		return rb()
 	}
-	if b == "" {
-		return "-m comment --comment " + a + " "
-	}
-	return `-m comment --comment "` + a + b + c + `" `
+	return rb().comment(cmt)
 }
 
 var probabilities = func() []string {

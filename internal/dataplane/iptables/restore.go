@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"slices"
 	"strings"
 )
 
@@ -9,6 +10,14 @@ type tableWrite struct {
 	table string
 	// chains are created if missing, flushed and refilled.
 	chains []*Chain
+	// render, when set, returns chains instead, each time they are
+	// written or encoded: a section written ahead renders its rules then,
+	// so that a whole input's (~230 bytes a rule) never exist at once.
+	// rules is then how many rules it renders.
+	render func() []*Chain
+	rules  int
+	// appends are rules appended to existing chains, which keep theirs.
+	appends []*Chain
 	// delRules are rules ("<chain> <rule>") deleted before anything else.
 	delRules []string
 	// inserts are jump rules inserted at the top of built-in chains.
@@ -18,12 +27,31 @@ type tableWrite struct {
 }
 
 func (w *tableWrite) empty() bool {
-	return w == nil || len(w.chains)+len(w.delRules)+len(w.inserts)+len(w.deletes) == 0
+	return w == nil || w.render == nil && len(w.chains)+len(w.appends)+len(w.delRules)+len(w.inserts)+len(w.deletes) == 0
+}
+
+// declared returns the chains the section creates and fills, rendering
+// them for a section with render.
+func (w *tableWrite) declared() []*Chain {
+	if w.render != nil {
+		return w.render()
+	}
+	return w.chains
+}
+
+// ruleCount is how many rules the section writes.
+func (w *tableWrite) ruleCount() int {
+	n := w.rules
+	for _, c := range slices.Concat(w.chains, w.appends) {
+		n += len(c.Rules)
+	}
+	return n
 }
 
 // write appends the section to b: chain declarations first (which flush),
-// then rules, then jumps, then deletions, so that a chain is empty and
-// unreferenced when it is deleted.
+// then rules (the declared chains', then the appended ones), then jumps,
+// then deletions, so that a chain is empty and unreferenced when it is
+// deleted.
 func (w *tableWrite) write(b *strings.Builder) {
 	if w.empty() {
 		return
@@ -32,25 +60,28 @@ func (w *tableWrite) write(b *strings.Builder) {
 	for _, r := range w.delRules {
 		b.WriteString("-D " + r + "\n")
 	}
-	for _, c := range w.chains {
+	chains := w.declared()
+	for _, c := range chains {
 		b.WriteString(":" + c.Name + " - [0:0]\n")
 	}
 	for _, name := range w.deletes {
 		b.WriteString(":" + name + " - [0:0]\n")
 	}
-	for _, c := range w.chains {
-		for _, r := range c.Rules {
-			b.WriteString("-A " + c.Name)
-			if r != "" {
-				b.WriteString(" " + r)
+	var line []byte
+	for _, c := range slices.Concat(chains, w.appends) {
+		for i := range c.Rules {
+			line = append(append(line[:0], "-A "...), c.Name...)
+			if r := &c.Rules[i]; r.args[0] != argEnd || r.target.kind != targetNone {
+				line = r.appendText(append(line, ' '))
 			}
-			b.WriteByte('\n')
+			b.Write(append(line, '\n'))
 		}
 	}
 	// Insert in reverse so that the jumps end up in list order at the top.
 	for i := len(w.inserts) - 1; i >= 0; i-- {
 		j := w.inserts[i]
-		b.WriteString("-I " + j.Chain + " 1 " + j.Rule + "\n")
+		line = append(append(append(line[:0], "-I "...), j.Chain...), " 1 "...)
+		b.Write(append(j.Rule.appendText(line), '\n'))
 	}
 	for _, name := range w.deletes {
 		b.WriteString("-X " + name + "\n")
@@ -76,15 +107,16 @@ func sizeOf(ws []*tableWrite) int {
 		if w == nil {
 			continue
 		}
-		for _, c := range w.chains {
+		for _, c := range slices.Concat(w.chains, w.appends) {
 			n += 2 * (len(c.Name) + 10)
-			for _, r := range c.Rules {
-				n += len(c.Name) + len(r) + 5
+			for i := range c.Rules {
+				n += len(c.Name) + c.Rules[i].textSize() + 5
 			}
 		}
 		for _, j := range w.inserts {
-			n += len(j.Chain) + len(j.Rule) + 8
+			n += len(j.Chain) + j.Rule.textSize() + 8
 		}
+		n += w.rules * 120
 		for _, r := range w.delRules {
 			n += len(r) + 4
 		}
@@ -119,10 +151,10 @@ func parseSave(out string) *savedTable {
 }
 
 // ruleTarget returns the -j or -g target of a rule.
-func ruleTarget(rule string) string { return target(splitArgs(rule)) }
+func ruleTarget(rule string) string { return argsTarget(splitArgs(rule)) }
 
-// target is the -j or -g target of a rule's arguments.
-func target(args []string) string {
+// argsTarget is the -j or -g target of a rule's arguments.
+func argsTarget(args []string) string {
 	for i := 0; i+1 < len(args); i++ {
 		if args[i] == "-j" || args[i] == "-g" || args[i] == "--jump" || args[i] == "--goto" {
 			return args[i+1]
@@ -198,9 +230,8 @@ func unquote(tok string) string {
 // hasJump reports whether a built-in chain already holds jump j (same
 // target and comment; iptables-save may reorder or normalise the rest).
 func hasJump(saved *savedTable, j Jump) bool {
-	want := commentOf(j.Rule)
 	for _, r := range saved.rules[j.Chain] {
-		if ruleTarget(r) == j.Target && commentOf(r) == want {
+		if ruleTarget(r) == j.Target() && commentOf(r) == j.Rule.cmt {
 			return true
 		}
 	}

@@ -8,11 +8,11 @@ import (
 func TestBatchTextsSections(t *testing.T) {
 	defer func(c, r int) { batchChains, batchRules = c, r }(batchChains, batchRules)
 	batchChains, batchRules = 4, 100
-	mm := &Chain{Name: chainMarkMasq, Rules: []string{"-j MARK --or-mark 0x4000"}}
+	mm := &Chain{Name: chainMarkMasq, Rules: []rule{rb().markOr(0x4000)}}
 	g := func(names ...string) []*Chain {
 		var cs []*Chain
 		for _, n := range names {
-			cs = append(cs, &Chain{Name: n, Rules: []string{"-j RETURN"}})
+			cs = append(cs, &Chain{Name: n, Rules: []rule{rb().ret()}})
 		}
 		return cs
 	}

@@ -8,37 +8,76 @@ import (
 	"github.com/kproxy/kproxy/internal/trace"
 )
 
-// The tracer parses iptables-restore text — what render produces, or what
-// iptables-save prints of the kernel's rules — and runs the first packet
-// of a connection through netfilter's hooks, exploring every branch of
-// `statistic` and `recent` matches. It knows the rule vocabulary render
+// The tracer runs the first packet of a connection through netfilter's
+// hooks, exploring every branch of `statistic` and `recent` matches, over
+// either of two rule sets: render's typed rules (newRulesetTracer), or the
+// kernel's rules as iptables-save prints them (newRuleTracer). That text
+// is the kernel's, in its own spelling, so it is parsed here (and where
+// full syncs and cleanup read the kernel); render's rules are never
+// printed to be parsed back. The tracer knows the rule vocabulary render
 // emits, in both spellings, and fails the trace (trace.Failf) on anything
 // else.
 
 type tracer struct {
-	tables map[string]map[string][][]string // table -> chain -> rules (tokens)
+	tables map[string]map[string][]traced // table -> chain -> rules
 	local  func(netip.Addr) bool
 }
 
+// traced is one rule of the tracer: render's typed rule, or the
+// arguments of one of the kernel's.
+type traced struct {
+	typed *rule
+	toks  []string
+}
+
+// target is the rule's -j or -g target.
+func (t traced) target() string {
+	if t.typed != nil {
+		return t.typed.target.name()
+	}
+	return argsTarget(t.toks)
+}
+
+// newRulesetTracer traces render's rules.
+func newRulesetTracer(rs *Ruleset, isLocal func(netip.Addr) bool) *tracer {
+	tr := &tracer{tables: map[string]map[string][]traced{}, local: isLocal}
+	for _, table := range []string{tableMangle, tableFilter, tableNAT} {
+		chains := map[string][]traced{}
+		tr.tables[table] = chains
+		for _, c := range rs.table(table) {
+			chains[c.Name] = make([]traced, len(c.Rules))
+			for i := range c.Rules {
+				chains[c.Name][i] = traced{typed: &c.Rules[i]}
+			}
+		}
+	}
+	for i := range rs.Jumps {
+		j := &rs.Jumps[i]
+		tr.tables[j.Table][j.Chain] = append(tr.tables[j.Table][j.Chain], traced{typed: &j.Rule})
+	}
+	return tr
+}
+
+// newRuleTracer traces iptables-save (or iptables-restore) text.
 func newRuleTracer(text string, isLocal func(netip.Addr) bool) *tracer {
-	tr := &tracer{tables: map[string]map[string][][]string{}, local: isLocal}
+	tr := &tracer{tables: map[string]map[string][]traced{}, local: isLocal}
 	var table string
 	for _, line := range strings.Split(text, "\n") {
 		switch {
 		case strings.HasPrefix(line, "*"):
 			table = line[1:]
 			if tr.tables[table] == nil {
-				tr.tables[table] = map[string][][]string{}
+				tr.tables[table] = map[string][]traced{}
 			}
 		case strings.HasPrefix(line, ":"):
 			name, _, _ := strings.Cut(line[1:], " ")
 			tr.tables[table][name] = nil
 		case strings.HasPrefix(line, "-A "):
 			toks := splitArgs(line)
-			tr.tables[table][toks[1]] = append(tr.tables[table][toks[1]], toks[2:])
+			tr.tables[table][toks[1]] = append(tr.tables[table][toks[1]], traced{toks: toks[2:]})
 		case strings.HasPrefix(line, "-I "):
 			toks := splitArgs(line)
-			tr.tables[table][toks[1]] = append([][]string{toks[3:]}, tr.tables[table][toks[1]]...)
+			tr.tables[table][toks[1]] = append([]traced{{toks: toks[3:]}}, tr.tables[table][toks[1]]...)
 		}
 	}
 	return tr
@@ -93,7 +132,13 @@ func (tr *tracer) chain(st *trace.Branch, table, name string, depth int) string 
 		trace.Failf("chain depth exceeded at %s", name)
 	}
 	for _, r := range rules {
-		if v := tr.rule(st, table, r, depth); v != "" {
+		v := ""
+		if r.typed != nil {
+			v = tr.typedRule(st, table, r.typed, depth)
+		} else {
+			v = tr.rule(st, table, r.toks, depth)
+		}
+		if v != "" {
 			return v
 		}
 	}
@@ -168,15 +213,14 @@ func (tr *tracer) match(st *trace.Branch, opt string, args []string) (bool, int)
 }
 
 func (tr *tracer) target(st *trace.Branch, table, verb string, args []string, depth int) string {
+	return tr.enter(st, table, verb == "-g", args[0], depth, func() string {
+		return tr.mangle(st, args)
+	})
+}
+
+// mangle applies a DNAT, MASQUERADE or MARK target given as arguments.
+func (tr *tracer) mangle(st *trace.Branch, args []string) string {
 	switch args[0] {
-	case "ACCEPT":
-		return "accept"
-	case "DROP":
-		return "drop"
-	case "REJECT":
-		return "reject"
-	case "RETURN":
-		return "return"
 	case "DNAT":
 		ap, err := netip.ParseAddrPort(args[2])
 		if err != nil {
@@ -201,8 +245,28 @@ func (tr *tracer) target(st *trace.Branch, table, verb string, args []string, de
 		}
 		return ""
 	}
-	v := tr.chain(st, table, args[0], depth+1)
-	if verb == "-g" {
+	trace.Failf("tracer does not know target %q", args[0])
+	return ""
+}
+
+// enter follows a rule's target to: a verdict, a chain (jumped to, or
+// gone to with isGoto), or else what mangle returns (DNAT, MASQUERADE,
+// MARK).
+func (tr *tracer) enter(st *trace.Branch, table string, isGoto bool, to string, depth int, mangle func() string) string {
+	switch to {
+	case "ACCEPT":
+		return "accept"
+	case "DROP":
+		return "drop"
+	case "REJECT":
+		return "reject"
+	case "RETURN":
+		return "return"
+	case "DNAT", "MASQUERADE", "MARK":
+		return mangle()
+	}
+	v := tr.chain(st, table, to, depth+1)
+	if isGoto {
 		if v == "" {
 			return "return"
 		}
@@ -277,4 +341,78 @@ func parseMark(s string) (uint32, uint32) {
 		trace.Failf("bad mark %q", s)
 	}
 	return uint32(pv), uint32(pm)
+}
+
+// typedRule evaluates one of render's rules: "" means continue with the
+// next rule. Its matches are tested in print order, as the text's are, so
+// both ask trace.Branch to choose in the same order.
+func (tr *tracer) typedRule(st *trace.Branch, table string, r *rule, depth int) string {
+	for _, k := range r.args {
+		if k == argEnd {
+			break
+		}
+		if tr.typedMatch(st, r, k) == r.negated(k) {
+			return ""
+		}
+	}
+	t := &r.target
+	if t.kind == targetNone {
+		return ""
+	}
+	return tr.enter(st, table, t.kind == targetGoto, t.name(), depth, func() string {
+		switch t.kind {
+		case targetDNAT:
+			st.Dst, st.DPort, st.DNATted = t.to.Addr(), t.to.Port(), true
+			return "accept"
+		case targetMasquerade:
+			st.Masq = true
+			return "accept"
+		case targetMarkOr:
+			st.Mark |= t.mark
+		case targetMarkXor:
+			st.Mark ^= t.mark
+		}
+		return ""
+	})
+}
+
+// typedMatch tells whether argument k of r matches (before negation).
+func (tr *tracer) typedMatch(st *trace.Branch, r *rule, k argKind) bool {
+	switch k {
+	case argIn:
+		return ifMatch(r.iface, st.Iif)
+	case argProto, argPortMatch:
+		return protoName(r.proto) == st.Proto
+	case argSrc:
+		return r.src.contains(st.Src)
+	case argDst:
+		return r.dst.contains(st.Dst)
+	case argComment:
+		return true
+	case argDport:
+		return st.DPort >= r.dport.lo && st.DPort <= r.dport.hi
+	case argCtstate:
+		return r.states&ctNew != 0 || r.states&ctDNAT != 0 && st.DNATted
+	case argAddrType:
+		return (r.srcType == 0 || tr.local(st.Src)) && (r.dstType == 0 || tr.local(st.Dst))
+	case argMark:
+		return st.Mark&r.markMask == r.mark
+	case argStatistic:
+		return st.Choose()
+	case argRecent:
+		return r.recent.ops&recentRcheck == 0 || st.Choose()
+	}
+	trace.Failf("tracer does not know argument kind %d", k)
+	return false
+}
+
+// contains tells whether the address matches a.
+func (a addr) contains(ip netip.Addr) bool {
+	if ip.BitLen() != a.ip.BitLen() {
+		return false
+	}
+	if a.form == addrLowBits {
+		return ip.As16()[15]&a.bits == a.ip.As16()[15]
+	}
+	return netip.PrefixFrom(a.ip, int(a.bits)).Contains(ip)
 }

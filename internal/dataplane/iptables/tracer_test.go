@@ -17,8 +17,7 @@ type testTracer struct {
 }
 
 func newTracer(t testing.TB, text string, localAddrs ...netip.Addr) *testTracer {
-	isLocal := func(a netip.Addr) bool { return a.IsLoopback() || slices.Contains(localAddrs, a) }
-	return &testTracer{t: t, tr: newRuleTracer(text, isLocal)}
+	return &testTracer{t: t, tr: newRuleTracer(text, isLocalTo(localAddrs...))}
 }
 
 func (tt *testTracer) trace(p dptest.Packet) dptest.Result {
@@ -26,8 +25,20 @@ func (tt *testTracer) trace(p dptest.Packet) dptest.Result {
 	return dptest.Explore(tt.t, p, tt.tr.run)
 }
 
-// traceOf renders snap for one family and builds a tracer over it.
+// traceOf renders snap for one family and builds a tracer over its typed
+// rules.
 func traceOf(t testing.TB, p Params, snap *model.Snapshot, fam model.Family) *testTracer {
 	rs := Render(p, snap.Family(fam), snap.Node)
+	return &testTracer{t: t, tr: newRulesetTracer(rs, isLocalTo(dptest.NodeIP, dptest.NodeIP6))}
+}
+
+// traceTextOf is traceOf over the printed restore text: the tracer as it
+// reads the kernel's iptables-save output.
+func traceTextOf(t testing.TB, p Params, snap *model.Snapshot, fam model.Family) *testTracer {
+	rs := Render(p, snap.Family(fam), snap.Node)
 	return newTracer(t, RestoreText(rs), dptest.NodeIP, dptest.NodeIP6)
+}
+
+func isLocalTo(localAddrs ...netip.Addr) func(netip.Addr) bool {
+	return func(a netip.Addr) bool { return a.IsLoopback() || slices.Contains(localAddrs, a) }
 }

@@ -25,7 +25,7 @@ func (p *Proxier) Verify(ctx context.Context, snap *model.Snapshot, pkt trace.Pa
 		p.liberal = x != 0 // as a full sync reads it
 	}
 	rs := Render(p.params(), snap.Family(fam), snap.Node)
-	want := newRuleTracer(RestoreText(rs), isLocal)
+	want := newRulesetTracer(rs, isLocal)
 	var err error
 	if v.Model, err = want.trace(pkt); err != nil {
 		return v, fmt.Errorf("tracing kproxy's own rules: %w", err)
@@ -73,7 +73,7 @@ func (tr *tracer) keepBuiltinJumps(keep func(table, to string) bool) {
 	for table, chains := range tr.tables {
 		for name, rules := range chains {
 			if builtin(name) {
-				chains[name] = slices.DeleteFunc(rules, func(r []string) bool { return !keep(table, target(r)) })
+				chains[name] = slices.DeleteFunc(rules, func(r traced) bool { return !keep(table, r.target()) })
 			}
 		}
 	}
@@ -94,8 +94,8 @@ func chainNotes(want, got *tracer) []string {
 				out = append(out, fmt.Sprintf("chain %s/%s is missing in the kernel", table, name))
 			case builtin(name):
 				for _, r := range w[name] {
-					if !slices.ContainsFunc(rules, func(k []string) bool { return target(k) == target(r) }) {
-						out = append(out, fmt.Sprintf("chain %s/%s lacks kproxy's jump to %s", table, name, target(r)))
+					if !slices.ContainsFunc(rules, func(k traced) bool { return k.target() == r.target() }) {
+						out = append(out, fmt.Sprintf("chain %s/%s lacks kproxy's jump to %s", table, name, r.target()))
 					}
 				}
 			case len(rules) != len(w[name]):
