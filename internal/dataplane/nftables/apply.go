@@ -72,14 +72,16 @@ type famState struct {
 	kChains map[string]bool
 	kSets   map[string]bool
 	kElems  map[string]map[string]string
-	stale   map[string]time.Time // port chains and sets to delete
-	now     time.Time            // start of the current sync
+	// kMaps are the endpoint-ranges maps in the kernel.
+	kMaps map[string]bool
+	stale map[string]time.Time // port chains and sets to delete
+	now   time.Time            // start of the current sync
 }
 
 // sharedSets are the sets and maps whose elements come from service ports.
 var sharedSets = func() []*set {
 	var out []*set
-	for _, s := range (&renderer{addrType: "ipv4_addr", ipX: "ip"}).fixedSets() {
+	for _, s := range (&renderer{addrType: "ipv4_addr", ipX: "ip"}).knownSets() {
 		if !isConfigSet(s.Name) && !isDynamicSet(s.Name) {
 			out = append(out, s)
 		}
@@ -100,13 +102,15 @@ var sharedMaps = func() map[string]bool {
 func isMapName(name string) bool { return sharedMaps[name] }
 
 func newFamState(fam model.Family, k kernel) *famState {
-	return &famState{fam: fam, kern: k, stale: map[string]time.Time{}}
+	return &famState{fam: fam, kern: k, stale: map[string]time.Time{}, kMaps: map[string]bool{}}
 }
 
 // txn accumulates the operations of one transaction in the order the kernel
 // needs them: objects before the rules and elements that refer to them.
 type txn struct {
 	head, sets, chains, rules, dels, adds []op
+	// maps are the endpoint-ranges maps sets adds (endpointMapOps).
+	maps map[string]bool
 	// staging (large full syncs only) sends the port chains the kernel
 	// lacks ahead of the transaction, in stages of their own: fresh holds
 	// them; those from cut on are not in a stage yet, and pending counts
@@ -116,6 +120,8 @@ type txn struct {
 	cut     int
 	pending int
 	stages  int
+	// setsCut is how much of sets the stages cut so far have added.
+	setsCut int
 	// rendered are the ports rendered for this sync: once it commits,
 	// their chains' rules are dropped (see forgetRules).
 	rendered []*portState
@@ -155,8 +161,9 @@ func (t *txn) stageChain(c *chain) {
 // cutStage returns the stage of the chains queued since the last cut (nil
 // when there are none). The first stage also adds the table, its sets and
 // its fixed chains, which staged rules refer to (adding what exists
-// changes nothing). A stage never splits a port (its chains jump to one
-// another): call it between ports.
+// changes nothing); a later one the endpoint-ranges maps added since. A
+// stage never splits a port (its chains jump to one another): call it
+// between ports.
 func (t *txn) cutStage(d *desired) func() opList {
 	if t.cut == len(t.fresh) {
 		return nil
@@ -166,7 +173,10 @@ func (t *txn) cutStage(d *desired) func() opList {
 	var prelude []op
 	if t.stages == 0 {
 		prelude = t.prelude(d)
+	} else {
+		prelude = setAdds(nil, t.sets[t.setsCut:])
 	}
+	t.setsCut = len(t.sets)
 	t.stages++
 	return func() opList {
 		ops := opList{prelude, chainOps(part, n)}
@@ -191,17 +201,22 @@ func forgetRules(chains []*chain) {
 // everything, like no chain), in the order of a single transaction, so
 // that nft lists the table the same either way.
 func (t *txn) prelude(d *desired) []op {
-	out := slices.Clone(t.head)
-	for _, o := range t.sets {
+	out := setAdds(slices.Clone(t.head), t.sets)
+	for _, c := range d.Chains {
+		out = append(out, op{verb: opAdd, obj: c.object()})
+	}
+	return out
+}
+
+// setAdds appends the set and map additions among ops to out.
+func setAdds(out, ops []op) []op {
+	for _, o := range ops {
 		switch o.obj.(type) {
 		case *knftables.Set, *knftables.Map:
 			if o.verb == opAdd {
 				out = append(out, o)
 			}
 		}
-	}
-	for _, c := range d.Chains {
-		out = append(out, op{verb: opAdd, obj: c.object()})
 	}
 	return out
 }
@@ -351,7 +366,7 @@ func (st *famState) readIfUnsure(ctx context.Context) error {
 
 // forgetKernel empties the kernel mirror.
 func (st *famState) forgetKernel() {
-	st.kChains, st.kSets, st.kElems = map[string]bool{}, map[string]bool{}, map[string]map[string]string{}
+	st.kChains, st.kSets, st.kElems, st.kMaps = map[string]bool{}, map[string]bool{}, map[string]map[string]string{}, map[string]bool{}
 	st.stale = map[string]time.Time{}
 	st.slots = newSlotAlloc()
 }
@@ -382,6 +397,7 @@ func (st *famState) renderFull(cfg dataplane.Config, fs *model.FamilySnapshot, n
 	wantChains := make(map[string]bool, 2*len(fs.Ports))
 	for _, sp := range fs.Ports {
 		ps := st.r.port(sp)
+		st.endpointMapOps(ps, t, true)
 		d.Ports[sp.ID] = ps
 		order = append(order, ps)
 		st.seen[sp.ID] = sp
@@ -415,6 +431,7 @@ func (st *famState) fullOps(d *desired, t *txn) {
 	wantChains := map[string]bool{}
 	for _, id := range sortedIDs(d.Ports) {
 		order = append(order, d.Ports[id])
+		st.endpointMapOps(d.Ports[id], t, true)
 		st.portChains(d.Ports[id], t, wantChains)
 	}
 	st.elemOps(order, wantChains, t)
@@ -690,6 +707,9 @@ func (st *famState) commit(t *txn) {
 	for _, c := range t.fresh {
 		st.kChains[c.Name] = true
 	}
+	for name := range t.maps {
+		st.kMaps[name] = true
+	}
 	for _, ps := range t.rendered {
 		forgetRules(ps.Chains)
 	}
@@ -707,6 +727,7 @@ func (st *famState) prepareIncremental(fs *model.FamilySnapshot, req dataplane.S
 		svc := id.Service()
 		if sp := fs.Port(id); sp != nil {
 			next = st.r.port(sp)
+			st.endpointMapOps(next, t, false)
 			t.rendered = append(t.rendered, next)
 			if st.seen[id] == nil {
 				st.bySvc[svc] = append(st.bySvc[svc], id)
@@ -829,10 +850,10 @@ func (st *famState) readKernel(ctx context.Context) error {
 	st.forgetKernel()
 	defer st.slots.compact()
 	present := map[string]bool{}
-	fixed := newRenderer(dataplane.Config{}, st.fam, model.NodeInfo{}).fixedSets()
-	isFixedSet := map[string]bool{}
-	for _, s := range fixed {
-		isFixedSet[s.Name] = true
+	known := newRenderer(dataplane.Config{}, st.fam, model.NodeInfo{}).knownSets()
+	isKnown := map[string]bool{}
+	for _, s := range known {
+		isKnown[s.Name] = true
 	}
 	for _, typ := range []string{"chain", "set", "map"} {
 		names, err := st.kern.List(ctx, typ)
@@ -841,13 +862,16 @@ func (st *famState) readKernel(ctx context.Context) error {
 		}
 		for _, n := range names {
 			switch {
-			case typ != "chain" && !isPortObject(n) && !isFixedSet[n]:
+			case typ != "chain" && !isPortObject(n) && !isKnown[n]:
 				// An older version's fixed set or map (its
 				// endpoints or no-endpoint maps): deleted once the
 				// chains that refer to it are gone.
 				st.kSets[n] = true
 			case !isPortObject(n):
 				present[n] = true
+				if typ == "map" && strings.HasPrefix(n, mapEndpoints+"-") {
+					st.kMaps[n] = true
+				}
 			case typ == "chain":
 				if isForeignChain(n) && !st.replace {
 					klog.FromContext(ctx).Info("The nftables table holds another proxy's Service chains; the next sync replaces it in one transaction",
@@ -863,7 +887,7 @@ func (st *famState) readKernel(ctx context.Context) error {
 			}
 		}
 	}
-	for _, s := range fixed {
+	for _, s := range known {
 		if present[s.Name] && !isConfigSet(s.Name) && !isDynamicSet(s.Name) {
 			if err := st.readElems(ctx, s); err != nil {
 				return err
@@ -900,6 +924,7 @@ func (st *famState) deleteStale(ctx context.Context) {
 			sets = append(sets, op{verb: opDelete, obj: &knftables.Set{Name: name}})
 		}
 	}
+	sets = append(sets, st.unusedMaps()...)
 	// Chains that refer to others (ext-, fw-) go before the ones they
 	// refer to (svc-, loc-); sets after every chain.
 	slices.SortFunc(chains, func(a, b op) int {

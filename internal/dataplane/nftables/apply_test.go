@@ -67,7 +67,7 @@ func wantDump(t *testing.T, cfg dataplane.Config, snap *model.Snapshot, f model.
 	fresh := knftables.NewFake(nftFamily(f), DefaultTableName)
 	r := newRenderer(cfg, f, snap.Node)
 	if slots != nil {
-		r.slots = &slotAlloc{next: maps.Clone(slots.next), free: maps.Clone(slots.free), owner: maps.Clone(slots.owner)}
+		r.slots = &slotAlloc{next: maps.Clone(slots.next), free: maps.Clone(slots.free), owner: maps.Clone(slots.owner), owned: maps.Clone(slots.owned)}
 	}
 	d := r.fixed()
 	for _, sp := range snap.Family(f).Ports {

@@ -179,7 +179,7 @@ func (n *netlinkReader) deleteTable(name string) error {
 
 func newNLKernel(f model.Family, table string, gen *genTracker) *nlKernel {
 	k := &nlKernel{nl: newNetlinkReader(f, table), sets: map[string]*set{}, gen: gen}
-	for _, s := range newRenderer(dataplane.Config{}, f, model.NodeInfo{}).fixedSets() {
+	for _, s := range newRenderer(dataplane.Config{}, f, model.NodeInfo{}).knownSets() {
 		k.sets[s.Name] = s
 	}
 	return k

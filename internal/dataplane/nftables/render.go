@@ -282,27 +282,37 @@ const affinitySetSize = 1 << 20
 // kproxy creates them but never reads, diffs or flushes their elements.
 func isDynamicSet(name string) bool { return name == setAffinity }
 
-func (r *renderer) fixedSets() []*set {
-	return append(r.baseSets(), r.endpointSets()...)
-}
+// knownSets are every set and map this version may create: the fixed ones
+// and every endpoint-ranges map, for reading them back and encoding their
+// elements.
+func (r *renderer) knownSets() []*set { return append(r.fixedSets(), r.endpointSets()...) }
 
-// endpointSets are the endpoint-ranges maps (see blockSpan), sharded per
-// protocol (nft insists that the map's declared port type matches the
-// rule's protocol match) and by hash (shardCount).
+// endpointSets are all the endpoint-ranges maps there may be (see
+// blockSpan), sharded per protocol (nft insists that the map's declared
+// port type matches the rule's protocol match) and by hash (shardCount).
 func (r *renderer) endpointSets() []*set {
 	var out []*set
 	for _, proto := range []string{"tcp", "udp", "sctp"} {
 		for i := range shardCount[proto] {
-			out = append(out, &set{Name: endpointShard(proto, i), IsMap: true,
-				TypeOf:  "numgen random mod 1 : " + r.ipX + " daddr . " + proto + " dport",
-				Flags:   []knftables.SetFlag{knftables.IntervalFlag},
-				Comment: "endpoints of " + proto + " policy chains, by numgen range"})
+			out = append(out, endpointSet(r.ipX, proto, endpointShard(proto, i)))
 		}
 	}
 	return out
 }
 
-func (r *renderer) baseSets() []*set {
+// endpointSet is the definition of the endpoint-ranges map name, one of
+// proto's, in the family whose address match is ipX ("ip" or "ip6").
+func endpointSet(ipX, proto, name string) *set {
+	return &set{Name: name, IsMap: true,
+		TypeOf:  "numgen random mod 1 : " + ipX + " daddr . " + proto + " dport",
+		Flags:   []knftables.SetFlag{knftables.IntervalFlag},
+		Comment: "endpoints of " + proto + " policy chains, by numgen range"}
+}
+
+// fixedSets are the sets and maps every table has. The endpoint-ranges
+// maps are not among them: each exists only while some policy chain has a
+// block in it (endpointMapOps, unusedMaps).
+func (r *renderer) fixedSets() []*set {
 	dstKey := r.addrType + " . inet_proto . inet_service"
 	dst := dstKey + " : verdict"
 	return []*set{

@@ -3,8 +3,11 @@ package nftables
 import (
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"strconv"
 	"strings"
+
+	"sigs.k8s.io/knftables"
 )
 
 // blockSpan is how many keys of an endpoint-ranges map one policy chain
@@ -61,11 +64,25 @@ type block struct {
 // offset is the block's first key.
 func (b block) offset() uint32 { return b.index * blockSpan }
 
+// keyShard is the map of an allocator key's block ("svc ns/name/proto/port",
+// see shardOf) and its protocol; both "" when the protocol has no maps.
+func keyShard(key string) (name, proto string) {
+	_, rest, _ := strings.Cut(key, "/")
+	_, rest, _ = strings.Cut(rest, "/")
+	proto, _, _ = strings.Cut(rest, "/")
+	if _, ok := shardCount[proto]; !ok {
+		return "", ""
+	}
+	return shardOf(key, proto), proto
+}
+
 // slotAlloc hands out the blocks of the endpoint-ranges maps, per map.
 type slotAlloc struct {
 	owner map[string]block    // chain key -> block
 	next  map[string]uint32   // shard -> first index never handed out
 	free  map[string][]uint32 // shard -> released indexes
+	// owned counts the blocks in each map that have an owner.
+	owned map[string]int
 	// used marks the indexes of blocks reserved from the kernel, until
 	// compact.
 	used map[string]map[uint32]bool
@@ -93,14 +110,27 @@ func (a *slotAlloc) get(key, proto string) (block, bool) {
 		b.index = a.next[shard]
 		a.next[shard]++
 	}
-	a.owner[key] = b
+	a.own(key, b)
 	return b, true
 }
+
+// own records b as key's block.
+func (a *slotAlloc) own(key string, b block) {
+	a.owner[key] = b
+	if a.owned == nil {
+		a.owned = map[string]int{}
+	}
+	a.owned[b.shard]++
+}
+
+// inUse reports whether some key owns a block of the map shard.
+func (a *slotAlloc) inUse(shard string) bool { return a != nil && a.owned[shard] > 0 }
 
 // release returns key's block, if any, to its map's free list.
 func (a *slotAlloc) release(key string) {
 	if b, ok := a.owner[key]; ok {
 		delete(a.owner, key)
+		a.owned[b.shard]--
 		a.free[b.shard] = append(a.free[b.shard], b.index)
 	}
 }
@@ -135,7 +165,7 @@ func (a *slotAlloc) reserve(key, proto string, index uint32) bool {
 		a.used[shard] = map[uint32]bool{}
 	}
 	a.used[shard][index] = true
-	a.owner[key] = block{shard: shard, index: index}
+	a.own(key, block{shard: shard, index: index})
 	a.next[shard] = max(a.next[shard], index+1)
 	return true
 }
@@ -188,6 +218,61 @@ func blockRanges(b block, n int) []string {
 		hi := base + uint64(i+1)*blockSpan/uint64(n) - 1
 		s := append(strconv.AppendUint(buf[:0], lo, 10), '-')
 		out[i] = string(strconv.AppendUint(s, hi, 10))
+	}
+	return out
+}
+
+// endpointMapOps adds to t the endpoint-ranges maps of ps's blocks that t
+// does not add yet. They go before the rules that refer to them: t.sets
+// precedes every chain, and each stage carries the maps added since the
+// stage before (cutStage). A full sync adds every map in use, as it adds
+// every fixed set (adding an existing one changes nothing); an
+// incremental one only those the kernel lacks.
+func (st *famState) endpointMapOps(ps *portState, t *txn, full bool) {
+	for _, key := range ps.Blocks {
+		name, proto := keyShard(key)
+		if name == "" || t.maps[name] || (!full && st.kMaps[name]) {
+			continue
+		}
+		if t.maps == nil {
+			t.maps = map[string]bool{}
+		}
+		t.maps[name] = true
+		t.sets = append(t.sets, op{verb: opAdd, obj: endpointSet(string(nftFamily(st.fam)), proto, name).object()})
+	}
+}
+
+// unusedMaps deletes the endpoint-ranges maps in the kernel that have no
+// owned block and that no chain waiting for deletion refers to (the kernel
+// refuses to delete a map a rule refers to). deleteStale calls it after
+// picking the chains it deletes, which go first in its transaction: a
+// map's last chain and the map go together. A table written when every
+// map was always there (or by a restart's predecessor) loses its unused
+// maps the same way.
+func (st *famState) unusedMaps() []op {
+	var gone []string
+	for name := range st.kMaps {
+		if !st.slots.inUse(name) {
+			gone = append(gone, name)
+		}
+	}
+	if len(gone) == 0 {
+		return nil
+	}
+	busy := map[string]bool{}
+	for name := range st.stale {
+		if key, _, _, ok := parseBlockName(name); ok && st.kChains[name] {
+			shard, _ := keyShard(key)
+			busy[shard] = true
+		}
+	}
+	slices.Sort(gone)
+	var out []op
+	for _, name := range gone {
+		if !busy[name] {
+			delete(st.kMaps, name)
+			out = append(out, op{verb: opDelete, obj: &knftables.Map{Name: name}})
+		}
 	}
 	return out
 }

@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"context"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -23,11 +24,15 @@ import (
 // exact-key endpoints maps, verdict maps for frontends without endpoints
 // and policy chains named by endpoint count; testdata/32-maps-layout.nft
 // (the features golden of eaae972) has 32 TCP endpoint-ranges maps,
-// whose chains mostly hash to other maps now.
+// whose chains mostly hash to other maps now;
+// testdata/every-map-layout.nft (the features golden of e03eaa5, in table
+// kproxy) has every endpoint-ranges map, used or not: those no chain uses
+// go too.
 func TestPrivilegedUpgradeFromPreviousLayout(t *testing.T) {
 	for _, tc := range []struct{ file, keptUntilUnused string }{
 		{"testdata/previous-layout.nft", "map endpoints-tcp-"},
 		{"testdata/32-maps-layout.nft", ""},
+		{"testdata/every-map-layout.nft", ""},
 	} {
 		t.Run(filepath.Base(tc.file), func(t *testing.T) { upgradeFrom(t, tc.file, tc.keptUntilUnused) })
 	}
@@ -84,6 +89,16 @@ func upgradeFrom(t *testing.T, file, keptUntilUnused string) {
 		}
 		for name := range st.kSets {
 			t.Errorf("%s: leftover set or map %s", f, name)
+		}
+		used := map[string]bool{}
+		for _, ps := range st.cur.Ports {
+			for _, key := range ps.Blocks {
+				name, _ := keyShard(key)
+				used[name] = true
+			}
+		}
+		if !maps.Equal(st.kMaps, used) {
+			t.Errorf("%s: endpoint-ranges maps %v, want those in use %v", f, sortedNames(st.kMaps, 200), sortedNames(used, 200))
 		}
 		for name, elems := range st.want {
 			for k, ref := range elems {

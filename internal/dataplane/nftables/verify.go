@@ -34,7 +34,7 @@ func Verify(cfg dataplane.Config, table string, snap *model.Snapshot, p trace.Pa
 	}
 	k := &kernelSource{nl: newNetlinkReader(fam, table), want: newDesiredSource(d),
 		sets: map[string]*set{}, chains: map[string][]rule{}, elems: map[string]map[string]string{}}
-	for _, s := range d.Sets {
+	for _, s := range newRenderer(cfg, fam, snap.Node).knownSets() {
 		k.sets[s.Name] = s
 	}
 	v.Kernel, v.KernelErr = newRuleTracer(k, isLocal).trace(p)
