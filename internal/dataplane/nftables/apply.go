@@ -871,6 +871,7 @@ func (st *famState) readKernel(ctx context.Context) error {
 				present[n] = true
 				if typ == "map" && strings.HasPrefix(n, mapEndpoints+"-") {
 					st.kMaps[n] = true
+					st.slots.maybeIdle(n)
 				}
 			case typ == "chain":
 				if isForeignChain(n) && !st.replace {

@@ -48,11 +48,22 @@ func endpointShard(proto string, i int) string {
 	return fmt.Sprintf("%s-%s-%02d", mapEndpoints, proto, i)
 }
 
+// shardNames are the names of each protocol's endpoint-ranges maps.
+var shardNames = func() map[string][]string {
+	out := map[string][]string{}
+	for proto, n := range shardCount {
+		for i := range n {
+			out[proto] = append(out[proto], endpointShard(proto, i))
+		}
+	}
+	return out
+}()
+
 // shardOf is the map a policy chain's block lives in, from its allocator
 // key ("svc ns/name/proto/port"): a hash, so that a restart finds it again.
 func shardOf(key, proto string) string {
-	n := uint32(shardCount[proto])
-	return endpointShard(proto, int(crc32.ChecksumIEEE([]byte(key))%n))
+	names := shardNames[proto]
+	return names[crc32.ChecksumIEEE([]byte(key))%uint32(len(names))]
 }
 
 // block is one policy chain's range of keys in one endpoint-ranges map.
@@ -83,6 +94,10 @@ type slotAlloc struct {
 	free  map[string][]uint32 // shard -> released indexes
 	// owned counts the blocks in each map that have an owner.
 	owned map[string]int
+	// idle are the maps that may have no owned block: those whose last
+	// one was released and those a kernel read found, until unusedMaps
+	// deletes them or finds them in use.
+	idle map[string]bool
 	// used marks the indexes of blocks reserved from the kernel, until
 	// compact.
 	used map[string]map[uint32]bool
@@ -126,11 +141,33 @@ func (a *slotAlloc) own(key string, b block) {
 // inUse reports whether some key owns a block of the map shard.
 func (a *slotAlloc) inUse(shard string) bool { return a != nil && a.owned[shard] > 0 }
 
+// shardOfKey is the map of key's block, from its owner when it has one
+// (a is nil for a rendering that has no allocator of its own).
+func (a *slotAlloc) shardOfKey(key string) string {
+	if a != nil {
+		if b, ok := a.owner[key]; ok {
+			return b.shard
+		}
+	}
+	name, _ := keyShard(key)
+	return name
+}
+
+// maybeIdle marks the map shard as one that may have no owned block.
+func (a *slotAlloc) maybeIdle(shard string) {
+	if a.idle == nil {
+		a.idle = map[string]bool{}
+	}
+	a.idle[shard] = true
+}
+
 // release returns key's block, if any, to its map's free list.
 func (a *slotAlloc) release(key string) {
 	if b, ok := a.owner[key]; ok {
 		delete(a.owner, key)
-		a.owned[b.shard]--
+		if a.owned[b.shard]--; a.owned[b.shard] == 0 {
+			a.maybeIdle(b.shard)
+		}
 		a.free[b.shard] = append(a.free[b.shard], b.index)
 	}
 }
@@ -230,8 +267,11 @@ func blockRanges(b block, n int) []string {
 // incremental one only those the kernel lacks.
 func (st *famState) endpointMapOps(ps *portState, t *txn, full bool) {
 	for _, key := range ps.Blocks {
+		if name := st.slots.shardOfKey(key); t.maps[name] || (!full && st.kMaps[name]) {
+			continue
+		}
 		name, proto := keyShard(key)
-		if name == "" || t.maps[name] || (!full && st.kMaps[name]) {
+		if name == "" {
 			continue
 		}
 		if t.maps == nil {
@@ -248,11 +288,16 @@ func (st *famState) endpointMapOps(ps *portState, t *txn, full bool) {
 // picking the chains it deletes, which go first in its transaction: a
 // map's last chain and the map go together. A table written when every
 // map was always there (or by a restart's predecessor) loses its unused
-// maps the same way.
+// maps the same way. It looks only at the maps slotAlloc.idle names.
 func (st *famState) unusedMaps() []op {
+	if st.slots == nil {
+		return nil
+	}
 	var gone []string
-	for name := range st.kMaps {
-		if !st.slots.inUse(name) {
+	for name := range st.slots.idle {
+		if st.slots.inUse(name) || !st.kMaps[name] {
+			delete(st.slots.idle, name)
+		} else {
 			gone = append(gone, name)
 		}
 	}
@@ -271,6 +316,7 @@ func (st *famState) unusedMaps() []op {
 	for _, name := range gone {
 		if !busy[name] {
 			delete(st.kMaps, name)
+			delete(st.slots.idle, name)
 			out = append(out, op{verb: opDelete, obj: &knftables.Map{Name: name}})
 		}
 	}
