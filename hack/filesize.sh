@@ -4,11 +4,7 @@
 # the reason and the issue that splits it; remove it from the list then.
 set -euo pipefail
 MAX=${MAX:-900}
-ALLOW=(
-	# famState's sync, read-back and repair in one file; split by concern
-	# with the typed-rule step (issue #21, item 7).
-	internal/dataplane/nftables/apply.go
-)
+ALLOW=()
 bad=0
 while read -r n f; do
 	[ "$f" = total ] && continue

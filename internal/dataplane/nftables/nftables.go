@@ -12,7 +12,6 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
-	"time"
 
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -379,8 +378,7 @@ func (p *Proxier) Render(w io.Writer, snap *model.Snapshot) error {
 
 // renderText is the nft -f text creating d from an empty table.
 func renderText(d *desired, table string) string {
-	st := &famState{fam: d.Family, kChains: map[string]bool{}, kSets: map[string]bool{},
-		kElems: map[string]map[string]string{}, stale: map[string]time.Time{}}
+	st := &famState{fam: d.Family, kernelMirror: emptyMirror()}
 	var t txn
 	st.fullOps(d, &t)
 	tx := knftables.NewFake(nftFamily(d.Family), table).NewTransaction()

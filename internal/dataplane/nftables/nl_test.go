@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"sigs.k8s.io/knftables"
 
@@ -39,8 +38,7 @@ var netlinkConfigs = map[string]func(*dataplane.Config){
 // nft CLI fallback).
 func TestNetlinkTranslatesEverything(t *testing.T) {
 	eachRendering(func(name string, f model.Family, d *desired) {
-		st := &famState{fam: f, kChains: map[string]bool{}, kSets: map[string]bool{},
-			kElems: map[string]map[string]string{}, stale: map[string]time.Time{}}
+		st := &famState{fam: f, kernelMirror: emptyMirror()}
 		var tx txn
 		st.fullOps(d, &tx)
 		k := newNLKernel(f, DefaultTableName, &genTracker{})
@@ -210,8 +208,7 @@ func TestEncodeRangeElem(t *testing.T) {
 func TestPooledBatchEqualsFresh(t *testing.T) {
 	snap := scaleSnapshot(2000, 10)
 	d := render(dptest.Config(), snap.V4, snap.Node)
-	st := &famState{fam: model.IPv4, kChains: map[string]bool{}, kSets: map[string]bool{},
-		kElems: map[string]map[string]string{}, stale: map[string]time.Time{}}
+	st := &famState{fam: model.IPv4, kernelMirror: emptyMirror()}
 	var tx txn
 	st.fullOps(d, &tx)
 	k := newNLKernel(model.IPv4, DefaultTableName, &genTracker{})

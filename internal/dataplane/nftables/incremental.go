@@ -1,0 +1,140 @@
+package nftables
+
+import (
+	"cmp"
+	"slices"
+	"strings"
+
+	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/objects"
+)
+
+// An incremental sync renders only the ports whose Service changed and
+// diffs each against its last render.
+
+// prepareIncremental re-renders only the changed ports and diffs each
+// against what it rendered before.
+func (st *famState) prepareIncremental(fs *model.FamilySnapshot, req dataplane.SyncRequest, t *txn) {
+	touched := map[string]map[string]prior{}
+	for _, id := range st.changedPorts(fs, req) {
+		old := st.cur.Ports[id]
+		var next *portState
+		svc := id.Service()
+		if sp := fs.Port(id); sp != nil {
+			next = st.r.port(sp)
+			st.endpointMapOps(next, t, false)
+			t.rendered = append(t.rendered, next)
+			if st.seen[id] == nil {
+				st.bySvc[svc] = append(st.bySvc[svc], id)
+			}
+			st.seen[id], st.cur.Ports[id] = sp, next
+		} else {
+			delete(st.seen, id)
+			delete(st.cur.Ports, id)
+			st.bySvc[svc] = slices.DeleteFunc(st.bySvc[svc], func(o model.PortID) bool { return o == id })
+			if len(st.bySvc[svc]) == 0 {
+				delete(st.bySvc, svc)
+			}
+		}
+		st.diffPort(old, next, t, touched)
+	}
+	for name, keys := range touched {
+		st.diffElems(name, keys, t)
+	}
+}
+
+// changedPorts lists the ports to re-render. With req.Changed set, only the
+// ports (present or gone) of the Services it names; without it, every port
+// that is new, gone, or a different ServicePort value than last time.
+func (st *famState) changedPorts(fs *model.FamilySnapshot, req dataplane.SyncRequest) []model.PortID {
+	if req.Changed != nil {
+		return st.portsOf(fs, req.Changed)
+	}
+	var ids []model.PortID
+	common := 0
+	for _, sp := range fs.Ports {
+		old, ok := st.seen[sp.ID]
+		if ok {
+			common++
+		}
+		if !ok || old != sp {
+			ids = append(ids, sp.ID)
+		}
+	}
+	if common < len(st.seen) {
+		for id := range st.seen {
+			if fs.Port(id) == nil {
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids
+}
+
+// portsOf returns the ports of the named Services in fs (found by binary
+// search, Ports being sorted) and those kproxy last programmed for them.
+func (st *famState) portsOf(fs *model.FamilySnapshot, svcs map[objects.Key]struct{}) []model.PortID {
+	var ids []model.PortID
+	for key := range svcs {
+		i, _ := slices.BinarySearchFunc(fs.Ports, key, func(sp *model.ServicePort, k objects.Key) int {
+			return cmp.Or(strings.Compare(sp.ID.Namespace, k.Namespace), strings.Compare(sp.ID.Name, k.Name))
+		})
+		for ; i < len(fs.Ports) && fs.Ports[i].ID.Service() == key; i++ {
+			ids = append(ids, fs.Ports[i].ID)
+		}
+		for _, id := range st.bySvc[key] {
+			if fs.Port(id) == nil {
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids
+}
+
+// diffPort emits what changes from one rendering of a port to the next
+// (either may be nil) and notes the shared-set keys it touches.
+func (st *famState) diffPort(old, next *portState, t *txn, touched map[string]map[string]prior) {
+	keep := map[string]bool{}
+	if next != nil {
+		for _, c := range next.Chains {
+			keep[c.Name] = true
+			st.ensureChain(c, t, false)
+		}
+	}
+	for _, ps := range []*portState{old, next} {
+		if ps == nil {
+			continue
+		}
+		for _, e := range ps.Elems {
+			if touched[e.Set] == nil {
+				touched[e.Set] = map[string]prior{}
+			}
+			// The first touch records what the kernel holds: the
+			// last commit's want (incremental syncs follow a
+			// successful one), before this sync changes want.
+			k := e.Key
+			if _, seen := touched[e.Set][k]; !seen {
+				touched[e.Set][k] = priorOf(nil, st.want[e.Set], k)
+			}
+		}
+	}
+	if old == nil {
+		st.addWant(next.Elems)
+		return
+	}
+	for _, key := range old.Blocks {
+		if next == nil || !slices.Contains(next.Blocks, key) {
+			st.slots.release(key)
+		}
+	}
+	st.dropWant(old.Elems)
+	if next != nil {
+		st.addWant(next.Elems)
+	}
+	for _, c := range old.Chains {
+		if !keep[c.Name] && st.kChains[c.Name] {
+			st.stale[c.Name] = st.now
+		}
+	}
+}
