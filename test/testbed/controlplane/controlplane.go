@@ -1,8 +1,9 @@
 // Package controlplane runs a real Kubernetes control plane for the e2e
-// testbed: etcd (Debian's etcd-server) and kube-apiserver v1.36 (built by
-// tools/build-apiserver.sh), on free loopback ports, with token
-// authentication, RBAC, service-account keys, self-signed serving
-// certificates and dual-stack Service ranges (addresses.go). No
+// testbed: etcd v3.6 and kube-apiserver v1.36, both built by
+// tools/build-apiserver.sh (or Debian's etcd 3.4, see EtcdPath), on free
+// loopback ports, with token authentication, RBAC, service-account keys,
+// self-signed serving certificates and dual-stack Service ranges
+// (addresses.go). No
 // controller-manager or scheduler runs: tests create Nodes and
 // EndpointSlices themselves (objects.go).
 //
@@ -28,7 +29,7 @@ import (
 type Options struct {
 	// APIServerBinary is the kube-apiserver to run; default APIServerPath().
 	APIServerBinary string
-	// EtcdBinary is the etcd to run; default "etcd" from PATH.
+	// EtcdBinary is the etcd to run; default EtcdPath().
 	EtcdBinary string
 	// BindAddress is where the API server listens; default 127.0.0.1. Use
 	// 0.0.0.0 when node namespaces must reach it over the bed's link to the
@@ -61,6 +62,8 @@ type ControlPlane struct {
 	// Config and Client talk to the API server as the admin.
 	Config *rest.Config
 	Client kubernetes.Interface
+	// EtcdVersion is the version of the etcd that runs ("3.6.8").
+	EtcdVersion string
 	// Dir holds the logs, keys and kubeconfigs; removed by Stop.
 	Dir string
 
@@ -109,7 +112,7 @@ func (o Options) withDefaults() Options {
 		o.APIServerBinary = APIServerPath()
 	}
 	if o.EtcdBinary == "" {
-		o.EtcdBinary = "etcd"
+		o.EtcdBinary = EtcdPath()
 	}
 	if !o.BindAddress.IsValid() {
 		o.BindAddress = netip.MustParseAddr("127.0.0.1")

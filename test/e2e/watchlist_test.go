@@ -1,0 +1,111 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/kproxy/kproxy/test/testbed/controlplane"
+)
+
+// TestControlPlaneWatchList checks how the shared API server answers the
+// initial list of an informer, and that kproxy's informers take that path:
+// against etcd 3.6 (the default) the API server serves watch-list, so
+// kproxy's Services and EndpointSlices arrive as watch events and kproxy
+// sends no LIST; against Debian's etcd 3.4.23 (KPROXY_ETCD=debian) it
+// refuses watch-list and kproxy lists. kproxy runs with --dry-run in the
+// root namespace: it reads the API and prints its rules, touching no kernel
+// state.
+func TestControlPlaneWatchList(t *testing.T) {
+	cp := sharedControlPlane(t)
+	ctx := context.Background()
+	want := controlplane.EtcdServesWatchList(cp.EtcdVersion)
+	served, reason, err := cp.ServesWatchList(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("etcd %s: watch-list served %v %s", cp.EtcdVersion, served, reason)
+	if served != want {
+		t.Fatalf("etcd %s: watch-list served = %v (%s), want %v", cp.EtcdVersion, served, reason, want)
+	}
+
+	// kproxy waits up to 30 s for its Node's addresses, as upstream does.
+	node, err := cp.CreateNode(ctx, "e2e-watchlist", []netip.Prefix{netip.MustParsePrefix("198.18.17.0/24")},
+		[]netip.Addr{netip.MustParseAddr("198.18.0.11")}, "zone-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cp.DeleteNode(context.Background(), node.Name) })
+	before := initialListCounts(t, cp)
+	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(cctx, kproxyBinary(t), "--kubeconfig", cp.KproxyKubeconfig,
+		"--hostname-override", node.Name, "--proxy-mode", "nftables", "--dry-run", "--v", "2").CombinedOutput()
+	if err != nil {
+		t.Fatalf("kproxy --dry-run: %v\n%s", err, tail(string(out), 40))
+	}
+	after := initialListCounts(t, cp)
+	for _, r := range []string{"services", "endpointslices"} {
+		lists, watchLists := after[r].lists-before[r].lists, after[r].watchLists-before[r].watchLists
+		t.Logf("%s: kproxy's start added %v LIST and %v watch-list requests", r, lists, watchLists)
+		switch {
+		case want && (lists != 0 || watchLists < 1):
+			t.Errorf("%s: %v LIST, %v watch-list requests; want the initial list by watch-list only", r, lists, watchLists)
+		case !want && lists < 1:
+			t.Errorf("%s: no LIST request, but this API server refuses watch-list", r)
+		}
+	}
+}
+
+// listCounts are the API server's completed LIST and watch-list requests
+// of one resource.
+type listCounts struct{ lists, watchLists float64 }
+
+// initialListCounts reads the API server's apiserver_request_total (verb
+// LIST) and apiserver_watch_list_duration_seconds (observed when a
+// watch-list request's initial events end) by resource.
+func initialListCounts(t *testing.T, cp *controlplane.ControlPlane) map[string]listCounts {
+	t.Helper()
+	text, err := cp.Metrics(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		t.Fatalf("API server metrics: %v", err)
+	}
+	out := map[string]listCounts{}
+	for _, m := range fams["apiserver_request_total"].GetMetric() {
+		l := labels(m.GetLabel())
+		if l["verb"] == "LIST" {
+			c := out[l["resource"]]
+			c.lists += m.GetCounter().GetValue()
+			out[l["resource"]] = c
+		}
+	}
+	for _, m := range fams["apiserver_watch_list_duration_seconds"].GetMetric() {
+		r := labels(m.GetLabel())["resource"]
+		c := out[r]
+		c.watchLists += float64(m.GetHistogram().GetSampleCount())
+		out[r] = c
+	}
+	return out
+}
+
+func labels(pairs []*dto.LabelPair) map[string]string {
+	out := make(map[string]string, len(pairs))
+	for _, p := range pairs {
+		out[p.GetName()] = p.GetValue()
+	}
+	return out
+}
