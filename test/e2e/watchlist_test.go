@@ -6,13 +6,10 @@ import (
 	"context"
 	"net/netip"
 	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/kproxy/kproxy/test/testbed/controlplane"
 )
@@ -75,15 +72,7 @@ type listCounts struct{ lists, watchLists float64 }
 // watch-list request's initial events end) by resource.
 func initialListCounts(t *testing.T, cp *controlplane.ControlPlane) map[string]listCounts {
 	t.Helper()
-	text, err := cp.Metrics(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(strings.NewReader(text))
-	if err != nil {
-		t.Fatalf("API server metrics: %v", err)
-	}
+	fams := parseMetrics(t, func() (string, error) { return cp.Metrics(context.Background()) })
 	out := map[string]listCounts{}
 	for _, m := range fams["apiserver_request_total"].GetMetric() {
 		l := labels(m.GetLabel())

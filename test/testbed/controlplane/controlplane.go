@@ -1,14 +1,16 @@
 // Package controlplane runs a real Kubernetes control plane for the e2e
 // testbed: etcd v3.6 and kube-apiserver v1.36, both built by
 // tools/build-apiserver.sh (or Debian's etcd 3.4, see EtcdPath), on free
-// loopback ports, with token authentication, RBAC, service-account keys,
-// self-signed serving certificates and dual-stack Service ranges
+// loopback ports, with token authentication, RBAC, service-account keys, a
+// serving certificate from a testbed CA and dual-stack Service ranges
 // (addresses.go). No
 // controller-manager or scheduler runs: tests create Nodes and
 // EndpointSlices themselves (objects.go).
 //
 // Start returns once /readyz answers (about 3-5 s); Stop ends both
-// processes by PID and removes every file Start created.
+// processes by PID and removes every file Start created. StopAPIServer and
+// StartAPIServer (apiserver.go) stop and start kube-apiserver alone, for
+// outages; RenewServingCert rotates its serving certificate.
 package controlplane
 
 import (
@@ -56,8 +58,9 @@ type ControlPlane struct {
 	KproxyKubeconfig string
 	// AdminToken and KproxyToken are the bearer tokens of those users.
 	AdminToken, KproxyToken string
-	// CAFile verifies the API server's self-signed serving certificate
-	// (as TLSServerName; the kubeconfigs embed it).
+	// CAFile is the testbed CA's certificate, which verifies the API
+	// server's serving certificate (as TLSServerName; the kubeconfigs embed
+	// it). RenewServingCert issues a new serving certificate from the same CA.
 	CAFile string
 	// Config and Client talk to the API server as the admin.
 	Config *rest.Config
@@ -68,6 +71,8 @@ type ControlPlane struct {
 	Dir string
 
 	opts      Options
+	ca        *ca
+	etcdURL   string
 	etcdDir   string
 	etcd      *process
 	apiserver *process
@@ -132,8 +137,8 @@ func (cp *ControlPlane) logf(format string, args ...any) {
 	}
 }
 
-// prepareFiles creates the temporary directories, tokens, token file,
-// service-account key and kubeconfigs.
+// prepareFiles creates the temporary directories, tokens, token file, CA,
+// serving certificate and service-account key.
 func (cp *ControlPlane) prepareFiles() error {
 	var err error
 	if cp.Dir, err = os.MkdirTemp("", "kproxy-controlplane-"); err != nil {
@@ -150,6 +155,13 @@ func (cp *ControlPlane) prepareFiles() error {
 		return err
 	}
 	if err := writeTokenFile(cp.path("tokens.csv"), cp.AdminToken, cp.KproxyToken); err != nil {
+		return err
+	}
+	cp.CAFile = cp.path("ca.crt")
+	if cp.ca, err = newCA(cp.CAFile); err != nil {
+		return err
+	}
+	if err := cp.RenewServingCert(); err != nil {
 		return err
 	}
 	return writeServiceAccountKey(cp.path("sa.key"))
@@ -203,7 +215,8 @@ func (cp *ControlPlane) SaveLogs(dir string) error {
 	return nil
 }
 
-// Running returns nil while both processes run, else why one has ended.
+// Running returns nil while both processes run, else why one has ended
+// (kube-apiserver also between StopAPIServer and StartAPIServer).
 func (cp *ControlPlane) Running() error {
 	for _, p := range []*process{cp.etcd, cp.apiserver} {
 		if done, _ := p.exited(); done {

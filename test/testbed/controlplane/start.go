@@ -105,25 +105,30 @@ func (cp *ControlPlane) startEtcd() (string, error) {
 	return client, nil
 }
 
-// startAPIServer runs kube-apiserver against etcdURL on a free port.
+// startAPIServer runs kube-apiserver against etcdURL, on a free port the
+// first time and on the same port after that.
 func (cp *ControlPlane) startAPIServer(etcdURL string) error {
-	ports, err := freePorts(cp.opts.BindAddress, 1)
-	if err != nil {
-		return err
+	if cp.Port == 0 {
+		ports, err := freePorts(cp.opts.BindAddress, 1)
+		if err != nil {
+			return err
+		}
+		cp.Port = ports[0]
+		cp.URL = "https://127.0.0.1:" + strconv.Itoa(cp.Port)
 	}
-	cp.Port = ports[0]
-	cp.URL = "https://127.0.0.1:" + strconv.Itoa(cp.Port)
-	cp.CAFile = filepath.Join(cp.Dir, "certs", "apiserver.crt")
+	cp.etcdURL = etcdURL
 	var ranges []string
 	for _, p := range cp.opts.ServiceCIDRs {
 		ranges = append(ranges, p.String())
 	}
+	var err error
 	cp.apiserver, err = startProcess("kube-apiserver", cp.path("kube-apiserver.log"), cp.opts.APIServerBinary,
 		"--etcd-servers="+etcdURL,
 		"--bind-address="+cp.opts.BindAddress.String(),
 		"--secure-port="+strconv.Itoa(cp.Port),
 		"--advertise-address="+AdvertiseAddress4.String(),
-		"--cert-dir="+filepath.Join(cp.Dir, "certs"),
+		"--tls-cert-file="+cp.path(servingCertFile),
+		"--tls-private-key-file="+cp.path(servingKeyFile),
 		"--token-auth-file="+cp.path("tokens.csv"),
 		"--authorization-mode=RBAC",
 		// As kubeadm sets it: kube-proxy's DaemonSet (and deploy/) is privileged.
