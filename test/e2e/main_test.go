@@ -133,6 +133,8 @@ func startControlPlane() (*controlplane.ControlPlane, error) {
 	cp, err := controlplane.Start(context.Background(), controlplane.Options{
 		BindAddress: netip.IPv4Unspecified(),
 		Logf:        func(f string, a ...any) { fmt.Printf("e2e: "+f+"\n", a...) },
+		// Under the VM's emulation the API server alone takes ~25 s.
+		Timeout: 60 * time.Second * vmFactor(),
 	})
 	if err != nil {
 		return nil, err

@@ -21,7 +21,8 @@ import (
 // sends no LIST; against Debian's etcd 3.4.23 (KPROXY_ETCD=debian) it
 // refuses watch-list and kproxy lists. kproxy runs with --dry-run in the
 // root namespace: it reads the API and prints its rules, touching no kernel
-// state.
+// state. Then again with --feature-gates WatchListClient=false, which makes
+// kproxy (as upstream) LIST whatever the server offers.
 func TestControlPlaneWatchList(t *testing.T) {
 	cp := sharedControlPlane(t)
 	ctx := context.Background()
@@ -42,23 +43,33 @@ func TestControlPlaneWatchList(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cp.DeleteNode(context.Background(), node.Name) })
-	before := initialListCounts(t, cp)
-	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(cctx, kproxyBinary(t), "--kubeconfig", cp.KproxyKubeconfig,
-		"--hostname-override", node.Name, "--proxy-mode", "nftables", "--dry-run", "--v", "2").CombinedOutput()
-	if err != nil {
-		t.Fatalf("kproxy --dry-run: %v\n%s", err, tail(string(out), 40))
-	}
-	after := initialListCounts(t, cp)
-	for _, r := range []string{"services", "endpointslices"} {
-		lists, watchLists := after[r].lists-before[r].lists, after[r].watchLists-before[r].watchLists
-		t.Logf("%s: kproxy's start added %v LIST and %v watch-list requests", r, lists, watchLists)
-		switch {
-		case want && (lists != 0 || watchLists < 1):
-			t.Errorf("%s: %v LIST, %v watch-list requests; want the initial list by watch-list only", r, lists, watchLists)
-		case !want && lists < 1:
-			t.Errorf("%s: no LIST request, but this API server refuses watch-list", r)
+	for _, tc := range []struct {
+		flags         []string
+		wantWatchList bool
+	}{
+		{nil, want},
+		// As upstream: client-go's gates follow --feature-gates.
+		{[]string{"--feature-gates", "WatchListClient=false"}, false},
+	} {
+		before := initialListCounts(t, cp)
+		cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		args := append([]string{"--kubeconfig", cp.KproxyKubeconfig, "--hostname-override", node.Name,
+			"--proxy-mode", "nftables", "--dry-run", "--v", "2"}, tc.flags...)
+		out, err := exec.CommandContext(cctx, kproxyBinary(t), args...).CombinedOutput()
+		cancel()
+		if err != nil {
+			t.Fatalf("kproxy %v: %v\n%s", args, err, tail(string(out), 40))
+		}
+		after := initialListCounts(t, cp)
+		for _, r := range []string{"services", "endpointslices"} {
+			lists, watchLists := after[r].lists-before[r].lists, after[r].watchLists-before[r].watchLists
+			t.Logf("kproxy --dry-run %v: %s: %v LIST and %v watch-list requests", tc.flags, r, lists, watchLists)
+			switch {
+			case tc.wantWatchList && (lists != 0 || watchLists < 1):
+				t.Errorf("%v: %s: %v LIST, %v watch-list requests; want the initial list by watch-list only", tc.flags, r, lists, watchLists)
+			case !tc.wantWatchList && lists < 1:
+				t.Errorf("%v: %s: no LIST request; want one (watch-list refused or turned off)", tc.flags, r)
+			}
 		}
 	}
 }
