@@ -37,6 +37,7 @@ type params struct {
 	kproxyBin   string        // KPROXY_BIN, default bin/kproxy
 	echoBin     string        // KPROXY_ECHO, default bin/kproxy-echo
 	upstreamBin string        // KPROXY_UPSTREAM, default next to the cached kube-apiserver
+	etcd        string        // the control plane's etcd version (KPROXY_ETCD chooses the binary)
 }
 
 func loadParams() (params, error) {

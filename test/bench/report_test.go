@@ -63,7 +63,8 @@ type entry struct {
 	Runs    int                  `json:"runs"`
 	Date    string               `json:"date"`
 	Machine string               `json:"machine"`
-	Load    string               `json:"load"` // load average when the run began
+	Etcd    string               `json:"etcd,omitempty"` // the testbed's etcd version; empty: Debian's 3.4.23, before it was recorded
+	Load    string               `json:"load"`           // load average when the run began
 	Command string               `json:"command"`
 	Idle    string               `json:"idle"`
 	Gap     string               `json:"changeGap"`
@@ -71,11 +72,21 @@ type entry struct {
 	Notes   []string             `json:"notes,omitempty"`
 }
 
+// etcd is the version of the testbed's etcd. Entries without one were
+// measured before it was recorded, when the testbed always ran Debian's
+// etcd-server 3.4.23.
+func (e entry) etcd() string {
+	if e.Etcd == "" {
+		return "3.4.23"
+	}
+	return e.Etcd
+}
+
 func (e entry) key() string { return e.Size + "|" + e.Mode + "|" + e.Proxy }
 
 func newEntry(p params, c config, runs []*figures, load string) entry {
 	e := entry{Size: p.size(), Mode: c.mode, Proxy: c.proxy, Runs: len(runs),
-		Date: time.Now().UTC().Format("2006-01-02 15:04 UTC"), Machine: machine(), Load: load,
+		Date: time.Now().UTC().Format("2006-01-02 15:04 UTC"), Machine: machine(), Etcd: p.etcd, Load: load,
 		Command: p.command, Idle: p.idle.String(), Gap: p.changeGap.String(), Values: map[string][]float64{}}
 	if p.affinity == 0 {
 		e.Notes = append(e.Notes, "no Service with ClientIP affinity (BENCH_AFFINITY=0)")
@@ -104,6 +115,9 @@ func (e entry) merge(later entry) entry {
 	}
 	out.Date = e.Date + " and " + later.Date
 	out.Load = e.Load + " / " + later.Load
+	if e.etcd() != later.etcd() {
+		out.Etcd = e.etcd() + " / " + later.etcd()
+	}
 	out.Notes = append(slices.Clone(e.Notes), later.Notes...)
 	return out
 }
@@ -181,8 +195,8 @@ func table(w io.Writer, size, mode string, k, u *entry) {
 		if e == nil {
 			continue
 		}
-		fmt.Fprintf(w, "- %s: %d run(s), %s, %s, load average at start %s, idle %s, pause between changes %s; `%s`\n",
-			e.Proxy, e.Runs, e.Date, e.Machine, e.Load, e.Idle, e.Gap, e.Command)
+		fmt.Fprintf(w, "- %s: %d run(s), %s, %s, etcd %s, load average at start %s, idle %s, pause between changes %s; `%s`\n",
+			e.Proxy, e.Runs, e.Date, e.Machine, e.etcd(), e.Load, e.Idle, e.Gap, e.Command)
 		for _, n := range e.Notes {
 			fmt.Fprintf(w, "  - %s\n", n)
 		}

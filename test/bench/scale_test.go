@@ -39,6 +39,7 @@ func TestScale(t *testing.T) {
 	p.kproxyBin = privateCopy(t, p.kproxyBin) // bin/kproxy may be rebuilt meanwhile
 	configs := p.configs(t)
 	s := newSuite(t, p)
+	p.etcd = s.cp.EtcdVersion
 	figs := map[config][]*figures{}
 	for _, c := range configs {
 		for range p.runs {

@@ -89,10 +89,13 @@ func missingPrerequisites() []string {
 	if os.Geteuid() != 0 {
 		missing = append(missing, "not root: the suite creates network namespaces")
 	}
-	for _, tool := range []string{"etcd", "nft", "iptables", "ip", "conntrack"} {
+	for _, tool := range []string{"nft", "iptables", "ip", "conntrack"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			missing = append(missing, fmt.Sprintf("%s not in PATH (apt-get install iptables nftables conntrack iproute2 etcd-server)", tool))
+			missing = append(missing, fmt.Sprintf("%s not in PATH (apt-get install iptables nftables conntrack iproute2)", tool))
 		}
+	}
+	if _, err := exec.LookPath(controlplane.EtcdPath()); err != nil {
+		missing = append(missing, fmt.Sprintf("etcd: %v (run: make testbed-deps; KPROXY_ETCD=debian: apt-get install etcd-server)", err))
 	}
 	if _, err := os.Stat(controlplane.APIServerPath()); err != nil {
 		missing = append(missing, fmt.Sprintf("kube-apiserver: %v (run: make testbed-deps)", err))
@@ -130,6 +133,8 @@ func startControlPlane() (*controlplane.ControlPlane, error) {
 	cp, err := controlplane.Start(context.Background(), controlplane.Options{
 		BindAddress: netip.IPv4Unspecified(),
 		Logf:        func(f string, a ...any) { fmt.Printf("e2e: "+f+"\n", a...) },
+		// Under the VM's emulation the API server alone takes ~25 s.
+		Timeout: 60 * time.Second * vmFactor(),
 	})
 	if err != nil {
 		return nil, err

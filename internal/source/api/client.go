@@ -131,24 +131,22 @@ func restConfig(kubeconfig, master string, logger klog.Logger) (*rest.Config, er
 	).ClientConfig()
 }
 
-// ListWatch returns the lister-watcher of kind. Services and EndpointSlices
-// are listed item by item (stream.go); Nodes and ServiceCIDRs, a handful of
-// objects, are decoded whole. All four watch through client-go.
+// ListWatch returns the lister-watcher of kind (listwatch.go).
 func (c *Client) ListWatch(kind source.Kind, tweak func(*metav1.ListOptions)) cache.ListerWatcher {
-	var s *streamList
+	var l listWatch
 	switch kind {
 	case source.Services:
-		s = &streamList{rc: c.core, resource: "services", items: func() itemDecoder { return decodeService }, transform: slimService}
+		l = listWatch{rc: c.core, resource: "services"}
 	case source.EndpointSlices:
-		s = &streamList{rc: c.discovery, resource: "endpointslices", items: newSliceDecoder, transform: slimSlice}
+		l = listWatch{rc: c.discovery, resource: "endpointslices"}
 	case source.Nodes:
-		s = &streamList{rc: c.core, resource: "nodes"}
+		l = listWatch{rc: c.core, resource: "nodes"}
 	case source.ServiceCIDRs:
-		s = &streamList{rc: c.networking, resource: "servicecidrs"}
+		l = listWatch{rc: c.networking, resource: "servicecidrs"}
 	default:
 		panic(fmt.Sprintf("api: no list for kind %v", kind))
 	}
-	return tweaked(s.list, s.watch, tweak)
+	return tweaked(l.list, l.watch, tweak)
 }
 
 // tweaked is the ListWatch of list and watch with tweak applied to the

@@ -1,13 +1,16 @@
 // Package controlplane runs a real Kubernetes control plane for the e2e
-// testbed: etcd (Debian's etcd-server) and kube-apiserver v1.36 (built by
-// tools/build-apiserver.sh), on free loopback ports, with token
-// authentication, RBAC, service-account keys, self-signed serving
-// certificates and dual-stack Service ranges (addresses.go). No
+// testbed: etcd v3.6 and kube-apiserver v1.36, both built by
+// tools/build-apiserver.sh (or Debian's etcd 3.4, see EtcdPath), on free
+// loopback ports, with token authentication, RBAC, service-account keys, a
+// serving certificate from a testbed CA and dual-stack Service ranges
+// (addresses.go). No
 // controller-manager or scheduler runs: tests create Nodes and
 // EndpointSlices themselves (objects.go).
 //
 // Start returns once /readyz answers (about 3-5 s); Stop ends both
-// processes by PID and removes every file Start created.
+// processes by PID and removes every file Start created. StopAPIServer and
+// StartAPIServer (apiserver.go) stop and start kube-apiserver alone, for
+// outages; RenewServingCert rotates its serving certificate.
 package controlplane
 
 import (
@@ -28,7 +31,7 @@ import (
 type Options struct {
 	// APIServerBinary is the kube-apiserver to run; default APIServerPath().
 	APIServerBinary string
-	// EtcdBinary is the etcd to run; default "etcd" from PATH.
+	// EtcdBinary is the etcd to run; default EtcdPath().
 	EtcdBinary string
 	// BindAddress is where the API server listens; default 127.0.0.1. Use
 	// 0.0.0.0 when node namespaces must reach it over the bed's link to the
@@ -55,16 +58,21 @@ type ControlPlane struct {
 	KproxyKubeconfig string
 	// AdminToken and KproxyToken are the bearer tokens of those users.
 	AdminToken, KproxyToken string
-	// CAFile verifies the API server's self-signed serving certificate
-	// (as TLSServerName; the kubeconfigs embed it).
+	// CAFile is the testbed CA's certificate, which verifies the API
+	// server's serving certificate (as TLSServerName; the kubeconfigs embed
+	// it). RenewServingCert issues a new serving certificate from the same CA.
 	CAFile string
 	// Config and Client talk to the API server as the admin.
 	Config *rest.Config
 	Client kubernetes.Interface
+	// EtcdVersion is the version of the etcd that runs ("3.6.8").
+	EtcdVersion string
 	// Dir holds the logs, keys and kubeconfigs; removed by Stop.
 	Dir string
 
 	opts      Options
+	ca        *ca
+	etcdURL   string
 	etcdDir   string
 	etcd      *process
 	apiserver *process
@@ -109,7 +117,7 @@ func (o Options) withDefaults() Options {
 		o.APIServerBinary = APIServerPath()
 	}
 	if o.EtcdBinary == "" {
-		o.EtcdBinary = "etcd"
+		o.EtcdBinary = EtcdPath()
 	}
 	if !o.BindAddress.IsValid() {
 		o.BindAddress = netip.MustParseAddr("127.0.0.1")
@@ -129,8 +137,8 @@ func (cp *ControlPlane) logf(format string, args ...any) {
 	}
 }
 
-// prepareFiles creates the temporary directories, tokens, token file,
-// service-account key and kubeconfigs.
+// prepareFiles creates the temporary directories, tokens, token file, CA,
+// serving certificate and service-account key.
 func (cp *ControlPlane) prepareFiles() error {
 	var err error
 	if cp.Dir, err = os.MkdirTemp("", "kproxy-controlplane-"); err != nil {
@@ -147,6 +155,13 @@ func (cp *ControlPlane) prepareFiles() error {
 		return err
 	}
 	if err := writeTokenFile(cp.path("tokens.csv"), cp.AdminToken, cp.KproxyToken); err != nil {
+		return err
+	}
+	cp.CAFile = cp.path("ca.crt")
+	if cp.ca, err = newCA(cp.CAFile); err != nil {
+		return err
+	}
+	if err := cp.RenewServingCert(); err != nil {
 		return err
 	}
 	return writeServiceAccountKey(cp.path("sa.key"))
@@ -200,7 +215,8 @@ func (cp *ControlPlane) SaveLogs(dir string) error {
 	return nil
 }
 
-// Running returns nil while both processes run, else why one has ended.
+// Running returns nil while both processes run, else why one has ended
+// (kube-apiserver also between StopAPIServer and StartAPIServer).
 func (cp *ControlPlane) Running() error {
 	for _, p := range []*process{cp.etcd, cp.apiserver} {
 		if done, _ := p.exited(); done {

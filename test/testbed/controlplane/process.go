@@ -39,16 +39,20 @@ func startProcess(name, logPath, bin string, args ...string) (*process, error) {
 	go func() {
 		// Pdeathsig fires when the forking OS thread ends, not the test
 		// process, and the Go runtime ends threads that a goroutine leaves
-		// locked (netns helpers do). So fork from a thread of our own that
-		// stays locked and blocked in Wait for as long as the child runs;
-		// it ends with this goroutine, after the child.
+		// locked (netns helpers do). So fork from a thread that stays
+		// locked to this goroutine, blocked in Wait, for as long as the
+		// child runs, then unlock it: the thread may have forked other
+		// children before (netbed's kproxy, when the API server is
+		// restarted mid-test), and ending it would kill them.
 		runtime.LockOSThread()
 		if err := cmd.Start(); err != nil {
+			runtime.UnlockOSThread()
 			started <- err
 			return
 		}
 		started <- nil
 		p.err = cmd.Wait()
+		runtime.UnlockOSThread()
 		logFile.Close()
 		close(p.done)
 	}()

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -25,7 +26,8 @@ const Version = "v1.36.3"
 // holds, whatever address a client dials.
 const TLSServerName = "kubernetes.default.svc"
 
-// APIServerPath is where tools/build-apiserver.sh puts kube-apiserver:
+// APIServerPath is where tools/build-apiserver.sh puts kube-apiserver (and,
+// beside it, upstream kube-proxy and etcd):
 // $KPROXY_APISERVER if set, else
 // ${KPROXY_CACHE:-$HOME/.cache/kproxy}/bin/<Version>/kube-apiserver.
 func APIServerPath() string {
@@ -40,11 +42,48 @@ func APIServerPath() string {
 	return filepath.Join(cache, "bin", Version, "kube-apiserver")
 }
 
+// EtcdPath is the etcd the testbed runs, chosen by $KPROXY_ETCD:
+//   - unset or empty: ${KPROXY_CACHE:-$HOME/.cache/kproxy}/bin/<Version>/etcd,
+//     etcd v3.6 built by tools/build-apiserver.sh (what kubeadm 1.36 runs;
+//     kube-apiserver serves watch-list requests against it);
+//   - "debian": "etcd" from PATH, Debian's etcd-server 3.4, older than the
+//     3.4.31 whose progress notifications watch-list needs, so the API
+//     server refuses watch-list and clients fall back to a LIST;
+//   - anything else: the etcd binary at that path.
+func EtcdPath() string {
+	switch p := os.Getenv("KPROXY_ETCD"); p {
+	case "":
+		return filepath.Join(filepath.Dir(APIServerPath()), "etcd")
+	case "debian":
+		return "etcd"
+	default:
+		return p
+	}
+}
+
+// EtcdVersion runs bin --version and returns the version it prints
+// ("3.6.8").
+func EtcdVersion(bin string) (string, error) {
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("controlplane: %s --version: %w", bin, err)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(l, "etcd Version: "); ok {
+			return strings.TrimSpace(v), nil
+		}
+	}
+	return "", fmt.Errorf("controlplane: %s --version: no version in %q", bin, out)
+}
+
 // startEtcd runs a single-member etcd on two free loopback ports and
 // returns its client URL.
 func (cp *ControlPlane) startEtcd() (string, error) {
 	ports, err := freePorts(netip.MustParseAddr("127.0.0.1"), 2)
 	if err != nil {
+		return "", err
+	}
+	if cp.EtcdVersion, err = EtcdVersion(cp.opts.EtcdBinary); err != nil {
 		return "", err
 	}
 	client := "http://127.0.0.1:" + strconv.Itoa(ports[0])
@@ -62,29 +101,34 @@ func (cp *ControlPlane) startEtcd() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cp.logf("controlplane: etcd pid %d at %s", cp.etcd.cmd.Process.Pid, client)
+	cp.logf("controlplane: etcd %s (%s) pid %d at %s", cp.EtcdVersion, cp.opts.EtcdBinary, cp.etcd.cmd.Process.Pid, client)
 	return client, nil
 }
 
-// startAPIServer runs kube-apiserver against etcdURL on a free port.
+// startAPIServer runs kube-apiserver against etcdURL, on a free port the
+// first time and on the same port after that.
 func (cp *ControlPlane) startAPIServer(etcdURL string) error {
-	ports, err := freePorts(cp.opts.BindAddress, 1)
-	if err != nil {
-		return err
+	if cp.Port == 0 {
+		ports, err := freePorts(cp.opts.BindAddress, 1)
+		if err != nil {
+			return err
+		}
+		cp.Port = ports[0]
+		cp.URL = "https://127.0.0.1:" + strconv.Itoa(cp.Port)
 	}
-	cp.Port = ports[0]
-	cp.URL = "https://127.0.0.1:" + strconv.Itoa(cp.Port)
-	cp.CAFile = filepath.Join(cp.Dir, "certs", "apiserver.crt")
+	cp.etcdURL = etcdURL
 	var ranges []string
 	for _, p := range cp.opts.ServiceCIDRs {
 		ranges = append(ranges, p.String())
 	}
+	var err error
 	cp.apiserver, err = startProcess("kube-apiserver", cp.path("kube-apiserver.log"), cp.opts.APIServerBinary,
 		"--etcd-servers="+etcdURL,
 		"--bind-address="+cp.opts.BindAddress.String(),
 		"--secure-port="+strconv.Itoa(cp.Port),
 		"--advertise-address="+AdvertiseAddress4.String(),
-		"--cert-dir="+filepath.Join(cp.Dir, "certs"),
+		"--tls-cert-file="+cp.path(servingCertFile),
+		"--tls-private-key-file="+cp.path(servingKeyFile),
 		"--token-auth-file="+cp.path("tokens.csv"),
 		"--authorization-mode=RBAC",
 		// As kubeadm sets it: kube-proxy's DaemonSet (and deploy/) is privileged.

@@ -1,14 +1,10 @@
 package api
 
 import (
-	"bufio"
-	"bytes"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"reflect"
 	"slices"
-	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -20,81 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-
-	"github.com/kproxy/kproxy/internal/objects"
 )
-
-// encodeProto encodes obj as the API server does for a protobuf client.
-func encodeProto(t *testing.T, obj runtime.Object, gv schema.GroupVersion) []byte {
-	t.Helper()
-	ps := protobuf.NewSerializer(scheme.Scheme, scheme.Scheme)
-	data, err := runtime.Encode(scheme.Codecs.EncoderForVersion(ps, gv), obj)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return data
-}
-
-func serviceList(n int) *corev1.ServiceList {
-	l := &corev1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: "42", Continue: "next"}}
-	for i := range n {
-		svc := service(fmt.Sprintf("s%d", i), fmt.Sprintf("198.18.128.%d", i%250+1))
-		svc.ResourceVersion = fmt.Sprint(i + 1)
-		svc.Annotations = map[string]string{"big": strings.Repeat("x", i*100)}
-		l.Items = append(l.Items, *svc)
-	}
-	l.Items = append(l.Items, *service("headless", "None"))
-	return l
-}
-
-// The streamed protobuf decode yields what the ordinary decode plus the
-// transform yields.
-func TestDecodeProtoListMatchesFullDecode(t *testing.T) {
-	for _, n := range []int{0, 1, 300} {
-		list := serviceList(n)
-		data := encodeProto(t, list, corev1.SchemeGroupVersion)
-		got, err := decodeProtoList(bufio.NewReader(bytes.NewReader(data)), decodeService)
-		if err != nil {
-			t.Fatalf("%d items: %v", n, err)
-		}
-		want, err := slimList(list, slimService)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !reflect.DeepEqual(got, want) {
-			t.Errorf("%d items: streamed list differs from the full decode:\n got %+v\nwant %+v", n, got.ListMeta, want.ListMeta)
-		}
-		if len(got.Items) != n+1 || got.ResourceVersion != "42" || got.Continue != "next" {
-			t.Errorf("%d items: got %d items, meta %+v", n, len(got.Items), got.ListMeta)
-		}
-	}
-}
-
-func TestDecodeProtoListSlices(t *testing.T) {
-	list := &discoveryv1.EndpointSliceList{ListMeta: metav1.ListMeta{ResourceVersion: "7"},
-		Items: []discoveryv1.EndpointSlice{*endpointSlice("a-1", "a"), *endpointSlice("h-1", "h", objects.LabelHeadless)}}
-	data := encodeProto(t, list, discoveryv1.SchemeGroupVersion)
-	got, err := decodeProtoList(bufio.NewReader(bytes.NewReader(data)), decodeSliceWire)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, _ := slimList(list, slimSlice)
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("got %+v, want %+v", got, want)
-	}
-}
-
-func TestDecodeProtoListErrors(t *testing.T) {
-	data := encodeProto(t, serviceList(20), corev1.SchemeGroupVersion)
-	for _, cut := range []int{len(protoMagic) + 1, len(data) / 2, len(data) - 1} {
-		if _, err := decodeProtoList(bufio.NewReader(bytes.NewReader(data[:cut])), decodeService); err == nil {
-			t.Errorf("a body cut at %d of %d decoded", cut, len(data))
-		}
-	}
-	if _, err := decodeProtoList(bufio.NewReader(bytes.NewReader(protoMagic)), decodeService); err == nil {
-		t.Errorf("an empty envelope decoded")
-	}
-}
 
 // fakeServer is a minimal API server: protobuf (or JSON) lists, rejected
 // watch-list requests (as an API server without it), and watches that send
@@ -161,14 +83,16 @@ func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(data)
 }
 
-// The Client lists Services and EndpointSlices through the streamed lists
-// and Nodes and ServiceCIDRs whole, in protobuf and in JSON, and its watches
-// decode events.
+// The Client lists all four kinds, in protobuf and in JSON, when the
+// server refuses watch-list, and its watches decode events.
 func TestClientListsAndWatches(t *testing.T) {
 	for _, json := range []bool{false, true} {
 		t.Run(fmt.Sprintf("json=%v", json), func(t *testing.T) {
-			svcs := serviceList(3)
-			svcs.Continue = ""
+			svcs := &corev1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: "42"}}
+			for i := range 3 {
+				svcs.Items = append(svcs.Items, *service(fmt.Sprintf("s%d", i), fmt.Sprintf("198.18.128.%d", i+1)))
+			}
+			svcs.Items = append(svcs.Items, *service("headless", "None"))
 			// The slices come in two pages.
 			slicePage := func(i int) (runtime.Object, bool) {
 				l := &discoveryv1.EndpointSliceList{Items: []discoveryv1.EndpointSlice{*endpointSlice(fmt.Sprintf("s%d-1", i), fmt.Sprintf("s%d", i))}}
