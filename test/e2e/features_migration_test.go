@@ -258,7 +258,7 @@ func (b *migBed) checkOwned(mode string) {
 	}
 	if mode == "nftables" {
 		g := b.nftGraph()
-		if g.objects[nftKey("ip", "kube-proxy", "map", "endpoint-ranges-tcp-00")] == nil {
+		if g.objects[nftKey("ip", "kube-proxy", "set", "services-no-endpoints")] == nil { // a set only kproxy makes
 			b.t.Errorf("the kube-proxy table does not hold kproxy's layout: %v", b.nftTables())
 		}
 		return
