@@ -260,6 +260,20 @@ func (b *Batch) Nest(typ uint16) int {
 // End closes the nested attribute opened at start.
 func (b *Batch) End(start int) { EndNest(b.buf, start) }
 
+// Verdict writes an immediate expression's destination (the verdict
+// register) and data: verdict code, and chain for a jump or goto.
+func (b *Batch) Verdict(code int32, chain string) {
+	b.AttrBE32(unix.NFTA_IMMEDIATE_DREG, unix.NFT_REG_VERDICT)
+	d := b.Nest(unix.NFTA_IMMEDIATE_DATA)
+	v := b.Nest(unix.NFTA_DATA_VERDICT)
+	b.AttrBE32(unix.NFTA_VERDICT_CODE, uint32(code))
+	if chain != "" {
+		b.AttrStr(unix.NFTA_VERDICT_CHAIN, chain)
+	}
+	b.End(v)
+	b.End(d)
+}
+
 // AppendNest opens a nested attribute in buf at the returned offset;
 // close it with EndNest.
 func AppendNest(buf []byte, typ uint16) ([]byte, int) {

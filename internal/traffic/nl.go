@@ -335,15 +335,5 @@ func (w writer) objref(name string) {
 }
 
 func (w writer) verdict(code int32, chain string) {
-	w.expr("immediate", func() {
-		w.AttrBE32(unix.NFTA_IMMEDIATE_DREG, unix.NFT_REG_VERDICT)
-		d := w.Nest(unix.NFTA_IMMEDIATE_DATA)
-		v := w.Nest(unix.NFTA_DATA_VERDICT)
-		w.AttrBE32(unix.NFTA_VERDICT_CODE, uint32(code))
-		if chain != "" {
-			w.AttrStr(unix.NFTA_VERDICT_CHAIN, chain)
-		}
-		w.End(v)
-		w.End(d)
-	})
+	w.expr("immediate", func() { w.Verdict(code, chain) })
 }

@@ -534,15 +534,7 @@ func (e *encoder) encodeTarget(b *nfnl.Batch, t *target) error {
 // verdict is an immediate verdict, to chain for a jump or goto.
 func verdict(b *nfnl.Batch, code int32, chain string) {
 	x := expr(b, "immediate")
-	b.AttrBE32(unix.NFTA_IMMEDIATE_DREG, unix.NFT_REG_VERDICT)
-	d := b.Nest(unix.NFTA_IMMEDIATE_DATA)
-	v := b.Nest(unix.NFTA_DATA_VERDICT)
-	b.AttrBE32(unix.NFTA_VERDICT_CODE, uint32(code))
-	if chain != "" {
-		b.AttrStr(unix.NFTA_VERDICT_CHAIN, chain)
-	}
-	b.End(v)
-	b.End(d)
+	b.Verdict(code, chain)
 	endExpr(b, x)
 }
 
