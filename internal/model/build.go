@@ -24,6 +24,9 @@ type Input struct {
 	// An object is replaced, never changed, when it changes: Update compares
 	// them by pointer.
 	ServiceCIDRs []*objects.ServiceCIDR
+	// Balancing is the proxy mode's load-balancing default and support.
+	// A change rebuilds every port.
+	Balancing BalancingOptions
 	// Partial means Services and Slices hold only the Services an Update
 	// names as changed (all others are unchanged since the previous
 	// snapshot). Build cannot use such an input; Update can, as long as the
@@ -36,7 +39,7 @@ type Input struct {
 // or parts with problems are skipped, nothing else is affected.
 func Build(in Input) (*Snapshot, []Problem) {
 	node, nodeProbs := makeNodeInfo(in.NodeName, in.Node)
-	b := newBuilder(node)
+	b := newBuilder(node, in.Balancing)
 	keys := slices.SortedFunc(maps.Keys(in.Services), compareKeys)
 	v4 := make([]*ServicePort, 0, len(keys))
 	v6 := make([]*ServicePort, 0)
@@ -53,6 +56,7 @@ func Build(in Input) (*Snapshot, []Problem) {
 		nodeProblems: nodeProbs,
 		svcProblems:  b.svcProblems,
 		cidrs:        cidrs,
+		balancing:    in.Balancing,
 	}
 	return s, s.Problems()
 }
@@ -74,10 +78,10 @@ func Update(prev *Snapshot, in Input, changed map[objects.Key]struct{}) (*Snapsh
 		node, nodeProbs = makeNodeInfo(in.NodeName, in.Node)
 		probs = append(probs, nodeProbs...)
 	}
-	if node.Name != prev.Node.Name || node.Zone != prev.Node.Zone {
+	if node.Name != prev.Node.Name || node.Zone != prev.Node.Zone || !in.Balancing.equal(prev.balancing) {
 		return Build(in)
 	}
-	b := newBuilder(node)
+	b := newBuilder(node, in.Balancing)
 	b.svcProblems = prev.svcProblems
 	cidrs, parsed := updateServiceCIDRs(prev.cidrs, in.ServiceCIDRs)
 	if parsed {
@@ -97,6 +101,7 @@ func Update(prev *Snapshot, in Input, changed map[objects.Key]struct{}) (*Snapsh
 		nodeProblems: nodeProbs,
 		svcProblems:  b.svcProblems,
 		cidrs:        cidrs,
+		balancing:    in.Balancing,
 	}, probs
 }
 
@@ -130,15 +135,16 @@ func compareKeys(a, b objects.Key) int {
 
 // builder makes the ports of one Service after another.
 type builder struct {
-	node   NodeInfo
-	reader endpointReader
+	node      NodeInfo
+	balancing BalancingOptions
+	reader    endpointReader
 	// svcProblems is copied before its first change (it may be prev's).
 	svcProblems map[objects.Key][]Problem
 	copied      bool
 }
 
-func newBuilder(node NodeInfo) *builder {
-	return &builder{node: node, reader: endpointReader{nodeName: node.Name}}
+func newBuilder(node NodeInfo, lb BalancingOptions) *builder {
+	return &builder{node: node, balancing: lb, reader: endpointReader{nodeName: node.Name}}
 }
 
 // service appends the ports of the Service key, in each family, sorted by
@@ -156,7 +162,7 @@ func (b *builder) addPorts(key objects.Key, svc *objects.Service, sl []*objects.
 		probs.add("metadata", "filed under "+key.String()+" but named "+svc.Key().String())
 		return
 	}
-	info := parseService(svc, probs)
+	info := parseService(svc, b.balancing, probs)
 	if info == nil || len(info.ports) == 0 {
 		return
 	}

@@ -62,6 +62,11 @@ func (p *problemList) add(field, reason string) {
 	*p.list = append(*p.list, Problem{Kind: p.kind, Object: p.key, Field: field, Reason: reason})
 }
 
+// addEvent adds a problem that names its own Event reason.
+func (p *problemList) addEvent(field, event, reason string) {
+	*p.list = append(*p.list, Problem{Kind: p.kind, Object: p.key, Field: field, Reason: reason, Event: event})
+}
+
 // addrList parses the non-blank entries of ss, reporting invalid ones as
 // problems of field.
 func addrList(ss []string, field string, probs *problemList) []netip.Addr {

@@ -39,6 +39,7 @@ type svcInfo struct {
 	epl, ipl     bool
 	hcPort       uint16
 	scheduler    string
+	balancing    Balancing
 	ports        []portSpec // valid, unique, sorted by name and protocol
 }
 
@@ -74,7 +75,7 @@ func proxied(svc *objects.Service) bool {
 
 // parseService reads everything the ports of svc share. It returns nil when
 // the Service is not proxied or has no usable cluster IP.
-func parseService(svc *objects.Service, probs *problemList) *svcInfo {
+func parseService(svc *objects.Service, lb BalancingOptions, probs *problemList) *svcInfo {
 	if !proxied(svc) {
 		return nil
 	}
@@ -88,6 +89,7 @@ func parseService(svc *objects.Service, probs *problemList) *svcInfo {
 	info.affinity = parseAffinity(svc, probs)
 	info.hcPort = parseHealthCheck(svc, info.epl, probs)
 	info.scheduler = parseScheduler(svc.IPVSScheduler, probs)
+	info.balancing = parseBalancing(svc.LoadBalancing, lb, probs)
 	info.ports = parsePorts(svc.Ports, probs)
 	splitAddrs(&info.externalIPs, addrList(svc.ExternalIPs, "spec.externalIPs", probs))
 	parseIngress(info, svc.LoadBalancerIngress, probs)
@@ -305,5 +307,6 @@ func (info *svcInfo) servicePort(key objects.Key, f Family, ps portSpec) Service
 		InternalPolicyLocal: info.ipl,
 		HealthCheckNodePort: info.hcPort,
 		Scheduler:           info.scheduler,
+		Balancing:           info.balancing,
 	}
 }

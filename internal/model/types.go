@@ -103,6 +103,8 @@ type Snapshot struct {
 	svcProblems  map[objects.Key][]Problem
 	// cidrs is what ServiceCIDRs was parsed from, with its problems.
 	cidrs serviceCIDRs
+	// balancing is the Input.Balancing the ports were made with.
+	balancing BalancingOptions
 }
 
 // Family returns the per-family part of the snapshot.
@@ -186,6 +188,10 @@ type ServicePort struct {
 	// objects.AnnotationIPVSScheduler annotation; "" means the configured
 	// one. Only IPVS mode reads it.
 	Scheduler string
+	// Balancing is the algorithm picking an endpoint: the Service's
+	// objects.AnnotationLoadBalancing when the mode supports it, else
+	// Input.Balancing.Default. ClientIP affinity takes precedence over it.
+	Balancing Balancing
 	// TopologyMode is the topology the cluster endpoints were chosen with:
 	// "" (none), "PreferSameZone" or "PreferSameNode" (from the hints).
 	TopologyMode string
@@ -281,6 +287,9 @@ type Problem struct {
 	Object objects.Key
 	Field  string
 	Reason string
+	// Event is the reason of the Event recorded on the object
+	// (CamelCase); "" means the reporter's generic one.
+	Event string
 }
 
 func (p Problem) String() string {

@@ -24,6 +24,7 @@ func FromService(svc *corev1.Service) *Service {
 		ExternalTrafficPolicy:    string(spec.ExternalTrafficPolicy),
 		HealthCheckNodePort:      spec.HealthCheckNodePort,
 		IPVSScheduler:            svc.Annotations[AnnotationIPVSScheduler],
+		LoadBalancing:            svc.Annotations[AnnotationLoadBalancing],
 	}
 	if len(out.ClusterIPs) == 0 && spec.ClusterIP != "" {
 		out.ClusterIPs = []string{spec.ClusterIP}

@@ -69,6 +69,9 @@ type Service struct {
 	// IPVSScheduler is the AnnotationIPVSScheduler annotation: kproxy's
 	// per-Service IPVS scheduler, "" when unset.
 	IPVSScheduler string
+	// LoadBalancing is the AnnotationLoadBalancing annotation, "" when
+	// unset.
+	LoadBalancing string
 }
 
 // AnnotationIPVSScheduler names the IPVS scheduler (rr, wrr, lc, wlc,
@@ -76,6 +79,12 @@ type Service struct {
 // servers in IPVS mode, overriding --ipvs-scheduler. kproxy's extension:
 // upstream kube-proxy has one scheduler for every Service.
 const AnnotationIPVSScheduler = "ipvs.kproxy.io/scheduler"
+
+// AnnotationLoadBalancing chooses how a Service's endpoints are picked:
+// random (upstream's behaviour and the default), round-robin,
+// least-connections or source-hash. kproxy's extension; each proxy mode
+// supports some of them (see the README).
+const AnnotationLoadBalancing = "kproxy.io/load-balancing"
 
 // Key returns the Service's namespace and name.
 func (s *Service) Key() Key { return Key{s.Namespace, s.Name} }

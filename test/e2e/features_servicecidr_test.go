@@ -6,10 +6,14 @@ import (
 	"context"
 	"net/netip"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"github.com/kproxy/kproxy/test/testbed/controlplane"
 	"github.com/kproxy/kproxy/test/testbed/netbed"
@@ -32,6 +36,9 @@ var (
 // allocated ClusterIPs work. kproxy also follows ServiceCIDR objects added
 // and deleted at once (a change triggers a sync); upstream applies such a
 // change only at its next full sync (hourly), so that part is kproxy-only.
+// A ServiceCIDR deleted while a Service holds an address from it stays,
+// terminating, until its finalizer goes: its range stays in force and the
+// Service keeps working, then and after the range is gone.
 //
 // To show that the drop is kproxy's rule and not a missing route, a
 // "catcher" pod owns the probed addresses and the source pod's node routes
@@ -66,24 +73,96 @@ func testServiceCIDR(t *testing.T, b *fbed, f family) {
 		return
 	}
 
-	// A new ServiceCIDR covers the extra address: dropped from now on.
+	// A new ServiceCIDR covers the extra address: dropped from now on. It
+	// carries the finalizer kube-controller-manager puts on every
+	// ServiceCIDR (there is none here to put it), so that deleting it while
+	// a Service holds an address from it leaves it terminating, as on a
+	// real cluster.
 	name := "e2e-extra-" + f.name
 	obj := &networkingv1.ServiceCIDR{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Finalizers: []string{serviceCIDRFinalizer}},
 		Spec:       networkingv1.ServiceCIDRSpec{CIDRs: []string{pick2(f, extraServiceCIDR4, extraServiceCIDR6).String()}},
 	}
 	if _, err := cidrs.Create(ctx, obj, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cidrs.Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		releaseServiceCIDR(t, cidrs, name)
+		_ = cidrs.Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
 	b.expectDropped(t, from.Netns, req(echo.ProtoTCP, extra, echoPort), f)
 
-	// Deleted (no controller-manager holds it with a finalizer here): the
-	// range is gone from the rules and the catcher answers again.
+	// A Service allocated from the new range works.
+	inRange := b.serviceAt(t, svcName("cidr-in", f), extra.Next(), f)
+	b.setSlices(t, inRange.Name, nil, readyEPs(want...))
+	waitForPods(t, b.exited, from.Netns, req(echo.ProtoTCP, extra.Next(), 80), want...)
+
+	// Deleted while in use: the object stays, terminating, and so does its
+	// range (as upstream, which takes every object's spec.cidrs): the
+	// Service keeps working and the free address is still dropped.
 	if err := cidrs.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	if got, err := cidrs.Get(ctx, name, metav1.GetOptions{}); err != nil || got.DeletionTimestamp == nil {
+		t.Fatalf("ServiceCIDR %s after delete with a finalizer: %v, %v; want it terminating", name, got, err)
+	}
+	waitForPods(t, b.exited, from.Netns, req(echo.ProtoTCP, extra.Next(), 80), want...)
+	b.expectDropped(t, from.Netns, req(echo.ProtoTCP, extra, echoPort), f)
+
+	// Released (the finalizer removed, as the controller does once no
+	// address is allocated from it, or as an operator may force): the range
+	// is gone from the rules, so the catcher answers again, and the
+	// Service, whose ClusterIP now lies outside every range, still works.
+	releaseServiceCIDR(t, cidrs, name)
 	waitForPods(t, b.exited, from.Netns, req(echo.ProtoTCP, extra, echoPort), catcher)
+	waitForPods(t, b.exited, from.Netns, req(echo.ProtoTCP, extra.Next(), 80), want...)
+}
+
+// serviceCIDRFinalizer is the finalizer kube-controller-manager's
+// servicecidrs controller keeps on a ServiceCIDR while addresses in it are
+// allocated.
+const serviceCIDRFinalizer = "networking.k8s.io/service-cidr-finalizer"
+
+// releaseServiceCIDR removes the finalizers of the ServiceCIDR name (gone
+// already is fine).
+func releaseServiceCIDR(t *testing.T, cidrs interface {
+	Patch(context.Context, string, types.PatchType, []byte, metav1.PatchOptions, ...string) (*networkingv1.ServiceCIDR, error)
+}, name string) {
+	t.Helper()
+	_, err := cidrs.Patch(context.Background(), name, types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("releasing ServiceCIDR %s: %v", name, err)
+	}
+}
+
+// serviceAt creates a single-family ClusterIP Service with the given
+// ClusterIP. The API server learns of a new ServiceCIDR through its own
+// watch, so an address in a range just created may be refused for a moment:
+// it tries for up to 10 s.
+func (b *fbed) serviceAt(t *testing.T, name string, ip netip.Addr, f family) *v1.Service {
+	t.Helper()
+	svc := controlplane.NewService(b.api.ns, name, nil, defaultPorts()...)
+	svc.Spec.ClusterIP = ip.String()
+	svc.Spec.ClusterIPs = []string{ip.String()}
+	svc.Spec.IPFamilyPolicy = ptr.To(v1.IPFamilyPolicySingleStack)
+	svc.Spec.IPFamilies = []v1.IPFamily{v1.IPv4Protocol}
+	if f.v6 {
+		svc.Spec.IPFamilies = []v1.IPFamily{v1.IPv6Protocol}
+	}
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		var out *v1.Service
+		out, err = b.api.cp.ApplyService(context.Background(), svc)
+		if err == nil {
+			t.Cleanup(func() { _ = b.api.cp.DeleteService(context.Background(), b.api.ns, name) })
+			return out
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+	}
+	t.Fatalf("Service %s at %s: %v", name, ip, err)
+	return nil
 }
 
 // checkDefaultServiceCIDR checks that the API server made its default

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"runtime"
@@ -95,6 +96,12 @@ func NewLab(t testing.TB, prefix string) *Lab {
 	return l
 }
 
+// AddClientAddr gives the client namespace another address of
+// 198.18.200.0/24, which the node reaches through the same link.
+func (l *Lab) AddClientAddr(a netip.Addr) {
+	Run(l.t, "ip", "-n", l.Client, "addr", "add", a.String()+"/24", "dev", "eth0")
+}
+
 // SweepDeadLabs deletes the namespaces of earlier labs whose test process
 // is gone (killed by a timeout before its cleanups ran): only names
 // <prefix>-<pid>-... whose pid no longer exists are touched.
@@ -183,9 +190,19 @@ func (l *Lab) Serve(addr, reply string) {
 // Get connects to addr from the client namespace and returns what the
 // server says; timeout bounds the connect and, again, the read.
 func (l *Lab) Get(addr string, timeout time.Duration) (string, error) {
+	return l.GetFrom(netip.Addr{}, addr, timeout)
+}
+
+// GetFrom is Get from the client's address src (one AddClientAddr gave
+// it); an invalid src lets the kernel choose.
+func (l *Lab) GetFrom(src netip.Addr, addr string, timeout time.Duration) (string, error) {
 	var c net.Conn
 	var err error
-	l.In(l.Client, func() { c, err = net.DialTimeout("tcp", addr, timeout) })
+	d := net.Dialer{Timeout: timeout}
+	if src.IsValid() {
+		d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
+	}
+	l.In(l.Client, func() { c, err = d.Dial("tcp", addr) })
 	if err != nil {
 		return "", err
 	}

@@ -119,6 +119,11 @@ func WithAffinity(seconds int32) SvcOpt {
 	return func(sp *model.ServicePort) { sp.AffinityTimeout = seconds }
 }
 
+// WithBalancing sets the load-balancing algorithm.
+func WithBalancing(b model.Balancing) SvcOpt {
+	return func(sp *model.ServicePort) { sp.Balancing = b }
+}
+
 // WithETPLocal sets externalTrafficPolicy Local (health check node port
 // 30999).
 func WithETPLocal(sp *model.ServicePort) {

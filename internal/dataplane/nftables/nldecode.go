@@ -101,6 +101,8 @@ func newExpr(name string) expr.Any {
 		return &expr.Fib{}
 	case "numgen":
 		return &expr.Numgen{}
+	case "hash":
+		return &expr.Hash{}
 	case "meta":
 		return &expr.Meta{}
 	case "payload":
@@ -207,6 +209,12 @@ func (n *netlinkReader) decodeStmt(e []expr.Any) (s stmt, used int) {
 		if d, ok := n.decodeDNAT(e); ok {
 			return d, 3
 		}
+	case *expr.Payload:
+		if len(e) >= 2 {
+			if _, ok := e[1].(*expr.Hash); ok {
+				return n.decodeHash(e)
+			}
+		}
 	}
 	return n.decodeSelector(e)
 }
@@ -256,31 +264,55 @@ func decodeFib(f *expr.Fib, e []expr.Any) (stmt, int) {
 }
 
 // decodeNumgen recognises `numgen random mod M 0` and the mapped DNAT
-// `dnat ip to numgen random mod M offset B map @S`.
+// `dnat ip to numgen random|inc mod M offset B map @S`.
 func (n *netlinkReader) decodeNumgen(g *expr.Numgen, e []expr.Any) (stmt, int) {
-	if g.Type != unix.NFT_NG_RANDOM || g.Register != 1 || len(e) < 2 {
+	if (g.Type != unix.NFT_NG_RANDOM && g.Type != unix.NFT_NG_INCREMENTAL) || g.Register != 1 || len(e) < 2 {
 		return nil, 0
 	}
 	if cmp, ok := e[1].(*expr.Cmp); ok {
-		if g.Offset != 0 || cmp.Register != 1 || cmp.Op != expr.CmpOpEq || len(cmp.Data) != 4 || !isZero(cmp.Data) {
+		if g.Type != unix.NFT_NG_RANDOM || g.Offset != 0 || cmp.Register != 1 || cmp.Op != expr.CmpOpEq || len(cmp.Data) != 4 || !isZero(cmp.Data) {
 			return nil, 0
 		}
 		return numgenZero{mod: g.Modulus}, 2
 	}
-	if len(e) < 4 {
+	d := dnatMap{v6: n.v6(), mod: g.Modulus, offset: g.Offset}
+	if g.Type == unix.NFT_NG_INCREMENTAL {
+		d.gen = genInc
+	}
+	return n.decodeMappedDNAT(d, e[1:], 1)
+}
+
+// decodeHash recognises the mapped DNAT `dnat ip to jhash ip saddr mod M
+// seed S offset B map @S`: the load of the source address, then the hash.
+func (n *netlinkReader) decodeHash(e []expr.Any) (stmt, int) {
+	saddr, _ := addrSelectors(n.v6())
+	load, size := saddr.load(1)
+	if len(e) < 2 || !sameLoad(e[0], load) {
 		return nil, 0
 	}
-	bo, ok1 := e[1].(*expr.Byteorder)
-	lk, ok2 := e[2].(*expr.Lookup)
-	nat, ok3 := e[3].(*expr.NAT)
-	d := dnatMap{v6: n.v6(), mod: g.Modulus, offset: g.Offset}
+	h, ok := e[1].(*expr.Hash)
+	if !ok || h.Type != expr.HashTypeJenkins || h.SourceRegister != 1 || h.DestRegister != 1 || h.Length != size || h.Seed == 0 {
+		return nil, 0
+	}
+	return n.decodeMappedDNAT(dnatMap{v6: n.v6(), gen: genHash, mod: h.Modulus, seed: h.Seed, offset: h.Offset}, e[2:], 2)
+}
+
+// decodeMappedDNAT recognises the byteorder conversion, map lookup and NAT
+// that follow the generator of d (used expressions long).
+func (n *netlinkReader) decodeMappedDNAT(d dnatMap, e []expr.Any, used int) (stmt, int) {
+	if len(e) < 3 {
+		return nil, 0
+	}
+	bo, ok1 := e[0].(*expr.Byteorder)
+	lk, ok2 := e[1].(*expr.Lookup)
+	nat, ok3 := e[2].(*expr.NAT)
 	if !ok1 || !ok2 || !ok3 || bo.SourceRegister != 1 || bo.DestRegister != 1 || bo.Op != expr.ByteorderHton || bo.Len != 4 || bo.Size != 4 ||
 		lk.SourceRegister != 1 || lk.DestRegister != 1 || !lk.IsDestRegSet || lk.Invert || lk.SetName == "" ||
 		nat.Type != expr.NATTypeDestNAT || nat.Family != uint32(n.nfproto()) || !natRegs(nat, 1, d.protoReg()) {
 		return nil, 0
 	}
 	d.set = lk.SetName
-	return d, 4
+	return d, used + 3
 }
 
 // decodeMark recognises `mark set mark or|xor V` and `mark and M != 0`.

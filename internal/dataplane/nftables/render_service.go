@@ -126,13 +126,39 @@ func (r *renderer) mappedChain(c *portCtx, prefix string, eps []*model.Endpoint)
 		return "", false
 	}
 	c.ps.Blocks = append(c.ps.Blocks, key)
-	pick := rule{protoCmp{proto: c.proto}, dnatMap{v6: r.v6, mod: blockSpan, offset: b.offset(), set: b.shard}}
-	for i, keyRange := range blockRanges(b, len(eps)) {
+	d := dnatMap{v6: r.v6, mod: blockSpan, offset: b.offset(), set: b.shard}
+	var keys []string
+	switch c.sp.Balancing {
+	case model.BalanceRoundRobin:
+		// One key per endpoint, taken in turn: the rule changes with the
+		// endpoint count (a new chain), unlike random's.
+		d.gen, d.mod = genInc, uint32(max(len(eps), 1))
+		keys = blockKeys(b, len(eps))
+	case model.BalanceSourceHash:
+		table := model.SourceHashTable(eps)
+		d.gen, d.mod, d.seed = genHash, uint32(model.SourceHashSize(len(eps))), c.sp.SourceHashSeed()
+		var owners []int
+		keys, owners = tableRuns(b, table)
+		eps = permute(eps, owners)
+	default:
+		keys = blockRanges(b, len(eps))
+	}
+	pick := rule{protoCmp{proto: c.proto}, d}
+	for i, keyRange := range keys {
 		c.ps.Elems = append(c.ps.Elems, element{Set: b.shard, Key: keyRange, Value: addrPort(eps[i].IP, eps[i].Port)})
 	}
 	ch := &chain{Rules: []rule{pick}, Name: contentName(prefix, c.human+blockSuffix(b), pick)}
 	c.ps.Chains = append(c.ps.Chains, ch)
 	return ch.Name, true
+}
+
+// permute returns eps[idx[0]], eps[idx[1]], ….
+func permute(eps []*model.Endpoint, idx []int) []*model.Endpoint {
+	out := make([]*model.Endpoint, len(idx))
+	for i, j := range idx {
+		out[i] = eps[j]
+	}
+	return out
 }
 
 // dnat are the statements sending a packet to ep (recording the client

@@ -34,6 +34,8 @@ func featureSnapshot() *model.Snapshot {
 		dptest.Svc("ns", "itplocal-none", "198.19.0.20", 80, dptest.WithITPLocal, dptest.WithEPs(remote)),
 		dptest.Svc("ns", "affinity", "198.19.0.21", 80, dptest.WithAffinity(10800), dptest.WithEPs(remote, local)),
 		dptest.Svc("ns", "terminating", "198.19.0.22", 80, dptest.WithNodePort(30022), dptest.WithEPs(dptest.Terminating(dptest.EP("198.18.65.14", 8080, false)))),
+		dptest.Svc("ns", "roundrobin", "198.19.0.24", 80, dptest.WithBalancing(model.BalanceRoundRobin), dptest.WithEPs(remote, local, dptest.EP("198.18.65.11", 8080, false))),
+		dptest.Svc("ns", "sourcehash", "198.19.0.25", 80, dptest.WithBalancing(model.BalanceSourceHash), dptest.WithEPs(remote, local, dptest.EP("198.18.65.11", 8080, false))),
 		dptest.Svc("ns", "dual", "fd00:19::10", 80, dptest.WithNodePort(30023), dptest.WithEPs(dptest.EP("fd00:65::10", 8080, false), dptest.EP("fd00:64::10", 8080, true))),
 	)
 }

@@ -336,20 +336,47 @@ func nfproto(v6 bool) byte {
 	return unix.NFPROTO_IPV4
 }
 
-// dnatMap is `dnat ip to numgen random mod M offset B map @set`: the
-// endpoint (address . port) of the range the random number falls in.
+// dnatMap is `dnat ip to GEN mod M offset B map @set`: the endpoint
+// (address . port) of the range the generated number falls in. GEN is
+// `numgen random` (gen genRandom), `numgen inc` (genInc: a counter of the
+// rule's own, so consecutive connections take consecutive keys) or `jhash
+// ip saddr … seed S` (genHash: the client address's bucket).
 type dnatMap struct {
 	v6          bool
+	gen         genKind
 	mod, offset uint32
+	seed        uint32 // genHash only; never 0 (the kernel would pick one at random)
 	set         string
 }
+
+// genKind is how a dnatMap makes its number.
+type genKind uint8
+
+const (
+	genRandom genKind = iota
+	genInc
+	genHash
+)
 
 func (d dnatMap) appendText(b []byte) []byte {
 	ipX := "ip"
 	if d.v6 {
 		ipX = "ip6"
 	}
-	return fmt.Appendf(b, "dnat %s to numgen random mod %d offset %d map @%s", ipX, d.mod, d.offset, d.set)
+	b = fmt.Appendf(b, "dnat %s to ", ipX)
+	switch d.gen {
+	case genInc:
+		b = append(b, "numgen inc"...)
+	case genHash:
+		b = fmt.Appendf(b, "jhash %s saddr", ipX)
+	default:
+		b = append(b, "numgen random"...)
+	}
+	b = fmt.Appendf(b, " mod %d", d.mod)
+	if d.gen == genHash {
+		b = fmt.Appendf(b, " seed 0x%x", d.seed)
+	}
+	return fmt.Appendf(b, " offset %d map @%s", d.offset, d.set)
 }
 
 // protoReg is where the map's data puts the port: after the address.
@@ -361,8 +388,18 @@ func (d dnatMap) protoReg() uint32 {
 }
 
 func (d dnatMap) appendExprs(out []expr.Any) []expr.Any {
+	switch d.gen {
+	case genHash:
+		saddr, _ := addrSelectors(d.v6)
+		load, size := saddr.load(1)
+		out = append(out, load, &expr.Hash{SourceRegister: 1, DestRegister: 1, Length: size,
+			Modulus: d.mod, Seed: d.seed, Offset: d.offset, Type: expr.HashTypeJenkins})
+	case genInc:
+		out = append(out, &expr.Numgen{Register: 1, Modulus: d.mod, Type: unix.NFT_NG_INCREMENTAL, Offset: d.offset})
+	default:
+		out = append(out, &expr.Numgen{Register: 1, Modulus: d.mod, Type: unix.NFT_NG_RANDOM, Offset: d.offset})
+	}
 	return append(out,
-		&expr.Numgen{Register: 1, Modulus: d.mod, Type: unix.NFT_NG_RANDOM, Offset: d.offset},
 		// The map's keys are ranges, compared as big-endian bytes.
 		&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 4, Size: 4},
 		&expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true, SetName: d.set},

@@ -259,6 +259,34 @@ func blockRanges(b block, n int) []string {
 	return out
 }
 
+// blockKeys are the first n keys of a block, one per endpoint, as interval
+// element keys "k-k".
+func blockKeys(b block, n int) []string {
+	out := make([]string, n)
+	for i := range n {
+		k := strconv.FormatUint(uint64(b.offset())+uint64(i), 10)
+		out[i] = k + "-" + k
+	}
+	return out
+}
+
+// tableRuns turns a source-hash table into interval element keys of the
+// block: one per run of buckets with the same endpoint, and that endpoint's
+// index in owners.
+func tableRuns(b block, table []int32) (keys []string, owners []int) {
+	base := uint64(b.offset())
+	for lo := 0; lo < len(table); {
+		hi := lo
+		for hi+1 < len(table) && table[hi+1] == table[lo] {
+			hi++
+		}
+		keys = append(keys, strconv.FormatUint(base+uint64(lo), 10)+"-"+strconv.FormatUint(base+uint64(hi), 10))
+		owners = append(owners, int(table[lo]))
+		lo = hi + 1
+	}
+	return keys, owners
+}
+
 // endpointMapOps adds to t the endpoint-ranges maps of ps's blocks that t
 // does not add yet. They go before the rules that refer to them: t.sets
 // precedes every chain, and each stage carries the maps added since the

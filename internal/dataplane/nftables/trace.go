@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/nftables/expr"
 
+	"github.com/kproxy/kproxy/internal/jhash"
 	"github.com/kproxy/kproxy/internal/trace"
 )
 
@@ -261,6 +262,17 @@ func (tr *tracer) mappedDNAT(st *trace.Branch, d dnatMap) (bool, string) {
 		return false, ""
 	}
 	slices.SortFunc(rs, func(a, b rng) int { return int(a.first - b.first) })
+	if d.gen == genHash {
+		// The client's bucket, as the kernel computes it: one endpoint.
+		src := st.Src.AsSlice()
+		k := base + uint64(jhash.Bucket(src, d.seed, d.mod))
+		for _, r := range rs {
+			if r.first <= k && k <= r.last {
+				return tr.dnatValue(st, r.value)
+			}
+		}
+		return false, ""
+	}
 	next := base
 	for _, r := range rs {
 		size := r.last - r.first + 1
@@ -278,7 +290,12 @@ func (tr *tracer) mappedDNAT(st *trace.Branch, d dnatMap) (bool, string) {
 			break
 		}
 	}
-	f := strings.Split(rs[i].value, fieldSep)
+	return tr.dnatValue(st, rs[i].value)
+}
+
+// dnatValue DNATs to an endpoint-ranges map value, "address . port".
+func (tr *tracer) dnatValue(st *trace.Branch, v string) (bool, string) {
+	f := strings.Split(v, fieldSep)
 	a, _ := netip.ParseAddr(f[0])
 	port, _ := strconv.Atoi(f[1])
 	st.Dst, st.DPort, st.DNATted = a, uint16(port), true

@@ -57,6 +57,7 @@ func TestTraceFeatures(t *testing.T) {
 		{"non-service traffic untouched", dptest.Config(), feats, 4, pkt("198.18.64.50", "198.18.65.99", "tcp", 80, "veth1"), "accept dnat=[] masq=false"},
 		{"three endpoints all reachable", dptest.Config(), feats, 4, pkt("198.18.64.50", "198.19.0.10", "tcp", 80, "veth1"), "accept dnat=[198.18.64.10:8080 198.18.65.10:8080 198.18.65.11:8080] masq=false"},
 		{"hairpin masqueraded", dptest.Config(), feats, 4, pkt("198.18.64.10", "198.19.0.10", "tcp", 80, "veth1"), "accept dnat=[198.18.64.10:8080 198.18.65.10:8080 198.18.65.11:8080] masq=true"},
+		{"round-robin reaches every endpoint", dptest.Config(), feats, 4, pkt("198.18.64.50", "198.19.0.24", "tcp", 80, "veth1"), "accept dnat=[198.18.64.10:8080 198.18.65.10:8080 198.18.65.11:8080] masq=false"},
 		{"affinity", dptest.Config(), feats, 4, pkt("198.18.64.50", "198.19.0.21", "tcp", 80, "veth1"), "accept dnat=[198.18.64.10:8080 198.18.65.10:8080] masq=false"},
 		{"masqueradeAll pod", masqAll, one, 4, pkt("198.18.64.50", "198.19.0.30", "tcp", 80, "veth1"), "accept dnat=[198.18.65.10:8080] masq=true"},
 		{"NodeCIDR local pod kept", nodeCIDR, one, 4, pkt("198.18.64.50", "198.19.0.30", "tcp", 80, "veth1"), "accept dnat=[198.18.65.10:8080] masq=false"},
@@ -97,5 +98,32 @@ func TestTraceFeatures(t *testing.T) {
 				t.Errorf("got  %v\nwant %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestTraceSourceHash: a source-hash port sends each client to exactly the
+// endpoint the model's table and the kernel's jhash give it, and different
+// clients to different endpoints.
+func TestTraceSourceHash(t *testing.T) {
+	feats := featureSnapshot()
+	var sp *model.ServicePort
+	for _, p := range feats.V4.Ports {
+		if p.ID.Name == "sourcehash" {
+			sp = p
+		}
+	}
+	tr := traceOf(t, dptest.Config(), feats, 4)
+	seen := map[string]bool{}
+	for i := range 40 {
+		src := netip.AddrFrom4([4]byte{198, 18, 64, byte(50 + i)})
+		want := sp.SourceHashPick(sp.ClusterEndpoints, src)
+		got := tr.trace(pkt(src.String(), "198.19.0.25", "tcp", 80, "veth1")).String()
+		if w := "accept dnat=[" + want.AddrPort().String() + "] masq=false"; got != w {
+			t.Fatalf("client %s: got %s, want %s", src, got, w)
+		}
+		seen[want.AddrPort().String()] = true
+	}
+	if len(seen) != 3 {
+		t.Errorf("40 clients reached %d of 3 endpoints", len(seen))
 	}
 }
