@@ -8,6 +8,8 @@ import (
 	cliflag "k8s.io/component-base/cli/flag"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	kpv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
+
+	"github.com/kproxy/kproxy/internal/model"
 )
 
 // ignoredWithConfig is appended to the help of flags that, as in upstream,
@@ -191,5 +193,6 @@ func (l *Loader) addExtensionFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&l.opts.DryRun, "dry-run", false, "[kproxy] Print what the proxy mode would program after the first complete sync instead of changing the kernel, then exit.")
 	fs.StringVar(&l.opts.DebugBindAddress, "debug-bind-address", "", "[kproxy] Serve the debug endpoint (kproxy inspect, kproxy explain --debug-address) on this loopback IP:port, e.g. 127.0.0.1:10259; off when empty.")
 	fs.BoolVar(&l.iptablesNetlink, "iptables-netlink-writer", true, "[kproxy] In iptables mode on the nf_tables backend, write rules straight over netlink in iptables-nft's encoding when the installed iptables-nft is a version that writer was proven against and the kernel has every xtables module it uses; false: always iptables-restore.")
+	fs.StringVar(&l.opts.LoadBalancing, "load-balancing", "random", "[kproxy] How Services without the kproxy.io/load-balancing annotation pick an endpoint: "+strings.Join(model.BalancingNames(), ", ")+". Each proxy mode supports some (see the README); random is upstream's behaviour.")
 	fs.BoolVar(&l.opts.ServiceTrafficMetrics, "service-traffic-metrics", false, "[kproxy] Count new connections, packets and bytes per Service port (nftables and iptables modes) and export them on the metrics address as kproxy_service_* metrics.")
 }

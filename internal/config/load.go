@@ -13,6 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	kpv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
+
+	"github.com/kproxy/kproxy/internal/model"
 )
 
 // Load parses args (without the program name) with every kproxy flag and
@@ -170,6 +172,9 @@ func (l *Loader) flagErrors() field.ErrorList {
 		if ap, err := netip.ParseAddrPort(a); err != nil || !ap.Addr().IsLoopback() || ap.Port() == 0 {
 			errs = append(errs, field.Invalid(field.NewPath("debugBindAddress"), a, "must be a loopback IP:port, e.g. 127.0.0.1:10259 (the debug endpoint is never exposed off the node)"))
 		}
+	}
+	if _, ok := model.ParseBalancing(l.opts.LoadBalancing); !ok {
+		errs = append(errs, field.NotSupported(field.NewPath("loadBalancing"), l.opts.LoadBalancing, model.BalancingNames()))
 	}
 	if l.opts.ConfigFile == "" && l.fs.Changed("cluster-cidr") && l.clusterCIDRs == "" &&
 		string(l.cfg.DetectLocalMode) == LocalModeClusterCIDR {

@@ -47,6 +47,10 @@ type Options struct {
 	// extension): iptables mode writes through iptables-restore only, even
 	// where its netlink writer would be used.
 	NoIPTablesNetlink bool
+	// LoadBalancing is --load-balancing (kproxy extension): how Services
+	// without the kproxy.io/load-balancing annotation pick an endpoint
+	// (model.BalancingNames); "random", upstream's behaviour, by default.
+	LoadBalancing string
 
 	// NodeName is this node's name as upstream computes it: the
 	// hostnameOverride, else the host name, trimmed and lower-cased.

@@ -39,6 +39,10 @@ type daemon struct {
 
 	// queued is read by notify, which runs on source goroutines.
 	queued atomic.Pointer[[]model.Family]
+	// balancing is the mode's load-balancing default and support, given
+	// to every model update.
+	balancing model.BalancingOptions
+
 	// Owned by the runner goroutine.
 	prev     *model.Snapshot
 	problems problemLog
@@ -61,7 +65,11 @@ func newDaemon(o *config.Options, e env) (*daemon, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &daemon{o: o, env: e, mode: mode, nodeName: name, cleaner: conntrack.NewCleaner(e.conntrack), errc: make(chan error, 1)}
+	lb, err := balancingFor(mode, o.LoadBalancing)
+	if err != nil {
+		return nil, err
+	}
+	d := &daemon{o: o, env: e, mode: mode, nodeName: name, balancing: lb, cleaner: conntrack.NewCleaner(e.conntrack), errc: make(chan error, 1)}
 	// The runner exists before the sources, which may notify at once.
 	if d.runner, err = runner.New(d.runnerConfig(), d.sync); err != nil {
 		return nil, err
@@ -69,6 +77,7 @@ func newDaemon(o *config.Options, e env) (*daemon, error) {
 	if d.inputs, err = e.inputs(o, name, d.notify); err != nil {
 		return nil, fmt.Errorf("setting up sources: %w", err)
 	}
+	d.problems.events = d.inputs.Events
 	return d, nil
 }
 

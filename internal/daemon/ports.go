@@ -76,6 +76,15 @@ type Inputs struct {
 	// ObserveChanges, when set, routes the tracker's change events to o
 	// from now on (the metrics exist only once the servers are built).
 	ObserveChanges func(o ChangeObserver)
+	// Events records Events about Services; nil when the source has no
+	// API server to write them to (the file source).
+	Events EventSink
+}
+
+// EventSink records a Warning Event on a Service (uid its metadata.uid)
+// without blocking.
+type EventSink interface {
+	ServiceWarning(key objects.Key, uid, reason, message string)
 }
 
 // InputsFunc builds the inputs for o: the file source when o.SourceFile is

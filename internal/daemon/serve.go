@@ -217,6 +217,7 @@ func (d *daemon) dryRun(ctx context.Context) error {
 // program nothing).
 func (d *daemon) takeSnapshot(ctx context.Context) *model.Snapshot {
 	b := d.inputs.Tracker.Take()
+	b.Input.Balancing = d.balancing
 	snap, problems := buildSnapshot(b)
 	d.problems.log(ctx, problems)
 	d.inputs.Tracker.Done(b, false)

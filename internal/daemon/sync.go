@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -19,6 +20,7 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 	logger := klog.FromContext(ctx)
 	start := d.env.clock.Now()
 	b := d.inputs.Tracker.Take()
+	b.Input.Balancing = d.balancing
 	snap, problems := model.Update(d.prev, b.Input, b.Changed)
 	d.problems.log(ctx, problems)
 	if b.NodeChanged && d.prev != nil {
@@ -80,9 +82,14 @@ func buildSnapshot(b *Batch) (*model.Snapshot, []model.Problem) {
 // maxLoggedProblems bounds the memory of problemLog.
 const maxLoggedProblems = 10000
 
-// problemLog logs each distinct model problem once, not on every sync.
+// problemEvent is the Event reason of a Service problem that names none.
+const problemEvent = "InvalidServiceField"
+
+// problemLog logs each distinct model problem once, not on every sync,
+// and records a Service's as a Warning Event on it (when events is set).
 type problemLog struct {
-	seen map[string]struct{}
+	seen   map[string]struct{}
+	events EventSink
 }
 
 func (p *problemLog) log(ctx context.Context, problems []model.Problem) {
@@ -97,6 +104,9 @@ func (p *problemLog) log(ctx context.Context, problems []model.Problem) {
 		}
 		p.seen[key] = struct{}{}
 		logger.Info("Skipping invalid input", "kind", pr.Kind, "object", pr.Object.String(), "field", pr.Field, "reason", pr.Reason)
+		if pr.Kind == "Service" && p.events != nil {
+			p.events.ServiceWarning(pr.Object, pr.UID, cmp.Or(pr.Event, problemEvent), pr.Field+": "+pr.Reason)
+		}
 	}
 }
 

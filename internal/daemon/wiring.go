@@ -39,7 +39,8 @@ func defaultInputs(o *config.Options, nodeName string, notify func()) (Inputs, e
 		return Inputs{}, fmt.Errorf("connecting to the API server: %w", err)
 	}
 	src := api.New(client, nodeName, cfg.ConfigSyncPeriod.Duration, t, logger.WithName("api-source"))
-	return Inputs{Source: src, Tracker: tr, NodeExpected: true, ObserveChanges: obs.set}, nil
+	events := api.NewEvents(client, nodeName, logger.WithName("events"))
+	return Inputs{Source: src, Tracker: tr, NodeExpected: true, ObserveChanges: obs.set, Events: events}, nil
 }
 
 // lateObserver is the tracker's changes.Observer: it forwards to an

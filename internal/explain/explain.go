@@ -107,6 +107,9 @@ type Answer struct {
 	Excluded  []Excluded `json:"excluded,omitempty"`
 	// Affinity is the ClientIP session affinity timeout in seconds (0: none).
 	Affinity int32 `json:"affinitySeconds,omitempty"`
+	// Balancing is the Service port's load-balancing algorithm (random,
+	// round-robin, least-connections, source-hash).
+	Balancing string `json:"balancing,omitempty"`
 	// Scheduler is IPVS mode's scheduler for the virtual server.
 	Scheduler string `json:"scheduler,omitempty"`
 
@@ -391,10 +394,19 @@ func (e *explainer) service(p *model.ServicePort, frontend string) {
 	for _, ep := range eps {
 		a.Endpoints = append(a.Endpoints, Choice{Endpoint: ep.AddrPort(), Probability: 1 / float64(len(eps)), Local: ep.IsLocal, State: state(ep)})
 	}
-	if e.in.Mode == "ipvs" {
+	a.Balancing = p.Balancing.String()
+	switch {
+	case e.in.Mode == "ipvs":
 		a.Scheduler = scheduler(e.in, p)
 		a.Reason = fmt.Sprintf("DNAT to one of %d endpoint(s), chosen by IPVS's %s scheduler", len(eps), a.Scheduler)
-	} else {
+	case p.Balancing == model.BalanceRoundRobin:
+		a.Reason = fmt.Sprintf("DNAT to one of %d endpoint(s) in turn (round-robin): each new connection takes the next", len(eps))
+	case p.Balancing == model.BalanceSourceHash:
+		ep := p.SourceHashPick(eps, a.From)
+		a.Endpoints = []Choice{{Endpoint: ep.AddrPort(), Probability: 1, Local: ep.IsLocal, State: state(ep)}}
+		a.Reason = fmt.Sprintf("DNAT to %s: source-hash sends every new connection from %s there (its bucket of the Service's %d-bucket table over %d endpoint(s))",
+			ep.AddrPort(), a.From, model.SourceHashSize(len(eps)), len(eps))
+	default:
 		a.Reason = fmt.Sprintf("DNAT to one of %d endpoint(s) at random, each with probability 1/%d", len(eps), len(eps))
 	}
 	if p.AffinityTimeout > 0 {
@@ -537,6 +549,8 @@ func scheduler(in Input, p *model.ServicePort) string {
 	switch {
 	case p.Scheduler != "":
 		return p.Scheduler
+	case p.Balancing.IPVSScheduler() != "":
+		return p.Balancing.IPVSScheduler()
 	case in.Config.IPVS.Scheduler != "":
 		return in.Config.IPVS.Scheduler
 	}

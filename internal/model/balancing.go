@@ -40,6 +40,21 @@ func (b Balancing) String() string {
 	return "unknown"
 }
 
+// IPVSScheduler is the IPVS scheduler doing b: rr, lc, or mh (Maglev
+// hashing of the client address); "" for random, which IPVS has no
+// scheduler for and which means the configured one (upstream's behaviour).
+func (b Balancing) IPVSScheduler() string {
+	switch b {
+	case BalanceRoundRobin:
+		return "rr"
+	case BalanceLeastConnections:
+		return "lc"
+	case BalanceSourceHash:
+		return "mh"
+	}
+	return ""
+}
+
 // ParseBalancing reads a name as the annotation and the flag spell it.
 func ParseBalancing(s string) (Balancing, bool) {
 	i := slices.Index(balancingNames[:], s)

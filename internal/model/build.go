@@ -158,6 +158,9 @@ func (b *builder) service(key objects.Key, svc *objects.Service, sl []*objects.E
 
 func (b *builder) addPorts(key objects.Key, svc *objects.Service, sl []*objects.EndpointSlice, dst [2]*[]*ServicePort, list *[]Problem) {
 	probs := &problemList{kind: "Service", key: key, list: list}
+	if svc != nil {
+		probs.uid = svc.UID
+	}
 	if svc != nil && svc.Key() != key {
 		probs.add("metadata", "filed under "+key.String()+" but named "+svc.Key().String())
 		return

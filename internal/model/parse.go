@@ -55,16 +55,17 @@ func parsePrefix(s string) (netip.Prefix, bool) {
 type problemList struct {
 	kind string
 	key  objects.Key
+	uid  string
 	list *[]Problem
 }
 
 func (p *problemList) add(field, reason string) {
-	*p.list = append(*p.list, Problem{Kind: p.kind, Object: p.key, Field: field, Reason: reason})
+	*p.list = append(*p.list, Problem{Kind: p.kind, Object: p.key, UID: p.uid, Field: field, Reason: reason})
 }
 
 // addEvent adds a problem that names its own Event reason.
 func (p *problemList) addEvent(field, event, reason string) {
-	*p.list = append(*p.list, Problem{Kind: p.kind, Object: p.key, Field: field, Reason: reason, Event: event})
+	*p.list = append(*p.list, Problem{Kind: p.kind, Object: p.key, UID: p.uid, Field: field, Reason: reason, Event: event})
 }
 
 // addrList parses the non-blank entries of ss, reporting invalid ones as

@@ -285,6 +285,8 @@ func (e *Endpoint) String() string { return e.AddrPort().String() }
 type Problem struct {
 	Kind   string // Service, EndpointSlice or Node
 	Object objects.Key
+	// UID is the object's metadata.uid, where the model has it (Services).
+	UID    string
 	Field  string
 	Reason string
 	// Event is the reason of the Event recorded on the object

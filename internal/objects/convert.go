@@ -13,6 +13,7 @@ func FromService(svc *corev1.Service) *Service {
 	out := &Service{
 		Namespace:                svc.Namespace,
 		Name:                     svc.Name,
+		UID:                      string(svc.UID),
 		ResourceVersion:          svc.ResourceVersion,
 		Type:                     string(spec.Type),
 		ClusterIPs:               cloneStrings(spec.ClusterIPs),

@@ -46,6 +46,8 @@ func (k Key) String() string {
 type Service struct {
 	Namespace string
 	Name      string
+	// UID is metadata.uid: Events about the Service name it.
+	UID string
 	// ResourceVersion lets the change tracker drop no-op updates cheaply.
 	ResourceVersion string
 

@@ -211,3 +211,27 @@ func (l *Lab) GetFrom(src netip.Addr, addr string, timeout time.Duration) (strin
 	b, err := io.ReadAll(c)
 	return string(b), err
 }
+
+// GetInTurn makes count connections to addr from the client and fails t
+// unless every n consecutive ones reached n different servers (by their
+// replies): round-robin's promise.
+func (l *Lab) GetInTurn(addr string, n, count int) {
+	l.t.Helper()
+	var got []string
+	for range count {
+		r, err := l.Get(addr, 2*time.Second)
+		if err != nil {
+			l.t.Fatal(err)
+		}
+		got = append(got, r)
+	}
+	for i := 0; i+n <= len(got); i++ {
+		seen := map[string]bool{}
+		for _, r := range got[i : i+n] {
+			seen[r] = true
+		}
+		if len(seen) != n {
+			l.t.Fatalf("connections went to %v, want each of %d servers in turn", got, n)
+		}
+	}
+}

@@ -389,6 +389,17 @@ func (e *encoder) encodeMatch(b *nfnl.Batch, r *rule, k argKind) error {
 		if r.oneIn == 0 {
 			return fmt.Errorf("%w: a probability of 1/0", errNotNetlink)
 		}
+		if r.nth {
+			// xt_statistic_info: mode NTH, every and count N-1 (the
+			// kernel's counter starts there, so the first packet
+			// matches), packet 0.
+			xt(b, false, "statistic", 0, 24, func(p []byte) {
+				ne.PutUint16(p[0:], 1)
+				ne.PutUint32(p[4:], r.oneIn-1)
+				ne.PutUint32(p[12:], r.oneIn-1)
+			})
+			break
+		}
 		xt(b, false, "statistic", 0, 24, func(p []byte) { ne.PutUint32(p[4:], probValue(int(r.oneIn))) })
 	case argRecent:
 		return e.recent(b, &r.recent)

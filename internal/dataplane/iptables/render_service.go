@@ -365,7 +365,14 @@ func (r *renderer) balance(s *svcCtx, chain string, eps []*model.Endpoint) {
 		n := s.ep(ep)
 		b := s.epRule(n.cmt)
 		if k := len(eps) - i; k > 1 {
-			b.oneIn(k)
+			// Rule i sees the connections the rules before it let
+			// through: 1 in k at random, or (round-robin) every k-th
+			// of them, which takes the endpoints exactly in turn.
+			if s.sp.Balancing == model.BalanceRoundRobin {
+				b.everyNth(k)
+			} else {
+				b.oneIn(k)
+			}
 		}
 		c.Rules = append(c.Rules, b.jump(n.chain))
 	}

@@ -29,7 +29,8 @@ type rule struct {
 	// -m addrtype --src-type / --dst-type: addrType bits (0: not given)
 	srcType, dstType uint16
 	mark, markMask   uint32 // -m mark --mark mark/markMask
-	oneIn            uint32 // -m statistic --mode random --probability 1/oneIn
+	oneIn            uint32 // -m statistic --mode random --probability 1/oneIn, or with nth:
+	nth              bool   // -m statistic --mode nth --every oneIn --packet 0
 	recent           recentMatch
 	target           target
 }
@@ -174,15 +175,19 @@ func (b *builder) push(k argKind) *builder {
 // not negates the next argument.
 func (b *builder) not() *builder { b.neg = true; return b }
 
-func (b *builder) in(iface string) *builder      { b.r.iface = iface; return b.push(argIn) }
-func (b *builder) proto(p uint8) *builder        { b.r.proto = p; return b.push(argProto) }
-func (b *builder) src(a addr) *builder           { b.r.src = a; return b.push(argSrc) }
-func (b *builder) dst(a addr) *builder           { b.r.dst = a; return b.push(argDst) }
-func (b *builder) comment(c string) *builder     { b.r.cmt = c; return b.push(argComment) }
-func (b *builder) ctstate(s uint16) *builder     { b.r.states = s; return b.push(argCtstate) }
-func (b *builder) srcType(t uint16) *builder     { b.r.srcType = t; return b.addrType() }
-func (b *builder) dstType(t uint16) *builder     { b.r.dstType = t; return b.addrType() }
-func (b *builder) oneIn(n int) *builder          { b.r.oneIn = uint32(n); return b.push(argStatistic) }
+func (b *builder) in(iface string) *builder  { b.r.iface = iface; return b.push(argIn) }
+func (b *builder) proto(p uint8) *builder    { b.r.proto = p; return b.push(argProto) }
+func (b *builder) src(a addr) *builder       { b.r.src = a; return b.push(argSrc) }
+func (b *builder) dst(a addr) *builder       { b.r.dst = a; return b.push(argDst) }
+func (b *builder) comment(c string) *builder { b.r.cmt = c; return b.push(argComment) }
+func (b *builder) ctstate(s uint16) *builder { b.r.states = s; return b.push(argCtstate) }
+func (b *builder) srcType(t uint16) *builder { b.r.srcType = t; return b.addrType() }
+func (b *builder) dstType(t uint16) *builder { b.r.dstType = t; return b.addrType() }
+func (b *builder) oneIn(n int) *builder      { b.r.oneIn = uint32(n); return b.push(argStatistic) }
+func (b *builder) everyNth(n int) *builder {
+	b.r.oneIn, b.r.nth = uint32(n), true
+	return b.push(argStatistic)
+}
 func (b *builder) recent(m recentMatch) *builder { b.r.recent = m; return b.push(argRecent) }
 
 // addrType adds the addrtype match once, for either or both types.
@@ -319,6 +324,9 @@ func (r *rule) appendArg(b []byte, k argKind, neg bool) []byte {
 	case argMark:
 		return fmt.Appendf(not(append(b, "-m mark "...)), "--mark %#08x/%#08x", r.mark, r.markMask)
 	case argStatistic:
+		if r.nth {
+			return fmt.Appendf(b, "-m statistic --mode nth --every %d --packet 0", r.oneIn)
+		}
 		return append(append(b, "-m statistic --mode random --probability "...), probability(int(r.oneIn))...)
 	case argRecent:
 		return r.recent.appendText(b)

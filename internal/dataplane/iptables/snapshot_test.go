@@ -24,6 +24,7 @@ func featureSnapshot() *model.Snapshot {
 		dptest.Svc("ns", "itp", "198.19.0.8", 80, dptest.WithITPLocal, dptest.WithEPs(dptest.EP("198.18.65.16", 80, false))),
 		dptest.Svc("ns", "aff", "198.19.0.9", 80, dptest.WithAffinity(600), dptest.WithEPs(dptest.EP("198.18.64.17", 80, true), dptest.EP("198.18.65.17", 80, false))),
 		dptest.Svc("ns", "term", "198.19.0.10", 80, dptest.WithEPs(dptest.Terminating(dptest.EP("198.18.65.18", 80, false)))),
+		dptest.Svc("ns", "rr", "198.19.0.11", 80, dptest.WithBalancing(model.BalanceRoundRobin), dptest.WithEPs(dptest.EP("198.18.64.19", 80, true), dptest.EP("198.18.65.19", 80, false), dptest.EP("198.18.65.20", 80, false))),
 		dptest.Svc("ns", "v6", "fd00:96::1", 80, dptest.WithNodePort(30010), dptest.WithEPs(dptest.EP("fd00:64::10", 8080, true))),
 	)
 }

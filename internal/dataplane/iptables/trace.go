@@ -181,8 +181,10 @@ func (tr *tracer) match(st *trace.Branch, opt string, args []string) (bool, int)
 		return true, 0
 	case "--rcheck":
 		return st.Choose(), 0
-	case "--probability":
+	case "--probability", "--every":
 		return st.Choose(), 1
+	case "--packet":
+		return true, 1
 	case "-p":
 		return args[0] == st.Proto, 1
 	case "--dport":

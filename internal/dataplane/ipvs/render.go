@@ -180,7 +180,7 @@ func (r *renderer) nodePortMember(set string, sp *model.ServicePort) {
 // puts addr on kube-ipvs0.
 func (r *renderer) server(sp *model.ServicePort, addr netip.Addr, port uint16, eps []*model.Endpoint, bind bool) {
 	k := vsKey{addr: addr, proto: sp.Protocol, port: port}
-	vs := &virtualServer{key: k, scheduler: cmp.Or(sp.Scheduler, r.cfg.IPVS.Scheduler, "rr"), owner: sp.ID}
+	vs := &virtualServer{key: k, scheduler: scheduler(sp, r.cfg.IPVS.Scheduler), owner: sp.ID}
 	if sp.AffinityTimeout > 0 {
 		vs.timeout = uint32(sp.AffinityTimeout)
 	}
@@ -211,4 +211,11 @@ func netString(p netip.Prefix) string {
 		return p.Addr().String()
 	}
 	return p.Masked().String()
+}
+
+// scheduler is the virtual server's scheduler: the Service's
+// ipvs.kproxy.io/scheduler annotation, else its load-balancing algorithm's,
+// else --ipvs-scheduler, else rr (upstream's default).
+func scheduler(sp *model.ServicePort, configured string) string {
+	return cmp.Or(sp.Scheduler, sp.Balancing.IPVSScheduler(), configured, "rr")
 }

@@ -1,0 +1,83 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/kproxy/kproxy/internal/objects"
+)
+
+// eventQueue bounds the Events waiting to be written; more are dropped
+// (the log line the daemon writes for each problem stays).
+const eventQueue = 100
+
+// eventTimeout bounds one Event write.
+const eventTimeout = 10 * time.Second
+
+// Events writes Warning Events about Services (core/v1, so that `kubectl
+// describe service` lists them), from one goroutine started with the
+// first Event: a slow or unreachable API server never holds up a sync.
+// Each node reports what it skips, as kubelets do; an Event's name is a
+// hash of the Service, node, reason and message, so a restarted kproxy
+// does not write the same Event again.
+type Events struct {
+	c      *Client
+	node   string
+	logger klog.Logger
+	queue  chan *corev1.Event
+	start  chan struct{}
+}
+
+// NewEvents returns an Event writer reporting as node.
+func NewEvents(c *Client, node string, logger klog.Logger) *Events {
+	e := &Events{c: c, node: node, logger: logger, queue: make(chan *corev1.Event, eventQueue), start: make(chan struct{}, 1)}
+	e.start <- struct{}{}
+	return e
+}
+
+// ServiceWarning queues a Warning Event on the Service key (uid its
+// metadata.uid) with reason (CamelCase) and message.
+func (e *Events) ServiceWarning(key objects.Key, uid, reason, message string) {
+	select {
+	case <-e.start:
+		go e.run()
+	default:
+	}
+	now := metav1.Now()
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00%s", key, uid, e.node, reason, message)
+	ev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s.%016x", key.Name, h.Sum64()), Namespace: key.Namespace},
+		InvolvedObject: corev1.ObjectReference{
+			Kind: "Service", APIVersion: "v1", Namespace: key.Namespace, Name: key.Name, UID: types.UID(uid),
+		},
+		Reason: reason, Message: message, Type: corev1.EventTypeWarning,
+		Source:         corev1.EventSource{Component: "kproxy", Host: e.node},
+		FirstTimestamp: now, LastTimestamp: now, Count: 1,
+		ReportingController: "kproxy", ReportingInstance: e.node,
+	}
+	select {
+	case e.queue <- ev:
+	default:
+		e.logger.V(2).Info("Event queue full; dropping an Event", "service", key.String(), "reason", reason)
+	}
+}
+
+func (e *Events) run() {
+	for ev := range e.queue {
+		ctx, cancel := context.WithTimeout(context.Background(), eventTimeout)
+		err := e.c.core.Post().Namespace(ev.Namespace).Resource("events").Body(ev).Do(ctx).Error()
+		cancel()
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			e.logger.Info("Could not write an Event", "service", ev.InvolvedObject.Namespace+"/"+ev.InvolvedObject.Name, "reason", ev.Reason, "err", err)
+		}
+	}
+}
