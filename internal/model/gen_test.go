@@ -100,6 +100,7 @@ func (g *gen) service(k objects.Key) *objects.Service {
 		ExternalTrafficPolicy:    pick(g, "", "Cluster", "Local", "Odd"),
 		InternalTrafficPolicy:    pick(g, "", "Cluster", "Local"),
 		HealthCheckNodePort:      pick(g, int32(0), 31000, 70000),
+		LoadBalancing:            pick(g, "", "", "random", "round-robin", "least-connections", "source-hash", "fastest"),
 	}
 	s.ClusterIPs = append(s.ClusterIPs, pick(g, "198.18.0.1", "fd00::a", "198.18.0.1", "fd00::a", "None", "", "bogus"))
 	for n := g.intn(3); n > 0; n-- {

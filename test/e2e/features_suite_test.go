@@ -70,6 +70,9 @@ var featureCases = []fcase{
 	{"InternalTrafficPolicyLocal", testInternalTrafficPolicyLocal},
 	{"TerminatingEndpoints", testTerminatingEndpoints},
 	{"TopologyHints", testTopologyHints},
+	// features_balancing_test.go (kproxy.io/load-balancing)
+	{"BalancingRoundRobin", testBalancingRoundRobin},
+	{"BalancingSourceHash", testBalancingSourceHash},
 	// features_masquerade_test.go
 	{"MasqueradeDefaults", testMasqueradeDefaults},
 	{"Hairpin", testHairpin},

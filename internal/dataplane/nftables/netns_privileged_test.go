@@ -284,7 +284,11 @@ func TestPrivilegedNetlinkEqualsCLI(t *testing.T) {
 			var ports []*model.ServicePort
 			for _, fs := range []*model.FamilySnapshot{full.V4, full.V6} {
 				for _, sp := range fs.Ports {
-					if len(sp.SourceRanges) == 0 {
+					// nft 1.0.6 cannot parse source-hash with affinity's
+					// `jhash … map @m == ADDR . PORT` (it cannot type the
+					// right side); TestPrivilegedBalancing sends traffic
+					// through those rules instead.
+					if len(sp.SourceRanges) == 0 && (sp.AffinityTimeout == 0 || sp.Balancing != model.BalanceSourceHash) {
 						ports = append(ports, sp)
 					}
 				}

@@ -270,10 +270,10 @@ func (n *netlinkReader) decodeNumgen(g *expr.Numgen, e []expr.Any) (stmt, int) {
 		return nil, 0
 	}
 	if cmp, ok := e[1].(*expr.Cmp); ok {
-		if g.Type != unix.NFT_NG_RANDOM || g.Offset != 0 || cmp.Register != 1 || cmp.Op != expr.CmpOpEq || len(cmp.Data) != 4 || !isZero(cmp.Data) {
+		if g.Offset != 0 || cmp.Register != 1 || cmp.Op != expr.CmpOpEq || len(cmp.Data) != 4 || !isZero(cmp.Data) {
 			return nil, 0
 		}
-		return numgenZero{mod: g.Modulus}, 2
+		return numgenZero{mod: g.Modulus, inc: g.Type == unix.NFT_NG_INCREMENTAL}, 2
 	}
 	d := dnatMap{v6: n.v6(), mod: g.Modulus, offset: g.Offset}
 	if g.Type == unix.NFT_NG_INCREMENTAL {
@@ -298,8 +298,12 @@ func (n *netlinkReader) decodeHash(e []expr.Any) (stmt, int) {
 }
 
 // decodeMappedDNAT recognises the byteorder conversion, map lookup and NAT
-// that follow the generator of d (used expressions long).
+// that follow the generator of d (used expressions long), or instead of
+// the NAT the comparison of mapIs.
 func (n *netlinkReader) decodeMappedDNAT(d dnatMap, e []expr.Any, used int) (stmt, int) {
+	if s, ok := n.decodeMapIs(d, e); ok {
+		return s, used + 4
+	}
 	if len(e) < 3 {
 		return nil, 0
 	}
@@ -313,6 +317,28 @@ func (n *netlinkReader) decodeMappedDNAT(d dnatMap, e []expr.Any, used int) (stm
 	}
 	d.set = lk.SetName
 	return d, used + 3
+}
+
+// decodeMapIs recognises the rest of `jhash … map @S == ADDR . PORT`.
+func (n *netlinkReader) decodeMapIs(d dnatMap, e []expr.Any) (stmt, bool) {
+	if d.gen != genHash || len(e) < 4 {
+		return nil, false
+	}
+	bo, ok1 := e[0].(*expr.Byteorder)
+	lk, ok2 := e[1].(*expr.Lookup)
+	ca, ok3 := e[2].(*expr.Cmp)
+	cp, ok4 := e[3].(*expr.Cmp)
+	if !ok1 || !ok2 || !ok3 || !ok4 || bo.SourceRegister != 1 || bo.DestRegister != 1 || bo.Op != expr.ByteorderHton || bo.Len != 4 || bo.Size != 4 ||
+		lk.SourceRegister != 1 || lk.DestRegister != 1 || !lk.IsDestRegSet || lk.Invert || lk.SetName == "" ||
+		ca.Register != 1 || ca.Op != expr.CmpOpEq || cp.Register != d.protoReg() || cp.Op != expr.CmpOpEq || len(cp.Data) != 2 {
+		return nil, false
+	}
+	a, ok := netip.AddrFromSlice(ca.Data)
+	if !ok || a.Is6() != n.v6() {
+		return nil, false
+	}
+	d.set = lk.SetName
+	return mapIs{m: d, to: netip.AddrPortFrom(a, binaryutil.BigEndian.Uint16(cp.Data))}, true
 }
 
 // decodeMark recognises `mark set mark or|xor V` and `mark and M != 0`.

@@ -83,12 +83,14 @@ func (r *renderer) policyChains(c *portCtx) {
 	}
 }
 
-// endpointChain picks one of eps uniformly. Without affinity one rule does
-// it, `numgen random mod SPAN offset BASE map @endpoint-ranges-…`, over the
-// chain's block of a shared map: endpoint changes then touch map elements
-// only. With affinity (or when the map has no block left), plain rules:
-// known clients first go back to their endpoint, else rule i DNATs with
-// probability 1/(M-i) (the last one always).
+// endpointChain picks one of eps by the port's algorithm. Without affinity
+// one rule does it, `numgen random mod SPAN offset BASE map
+// @endpoint-ranges-…` (or numgen inc, or jhash), over the chain's block of
+// a shared map: endpoint changes then touch map elements only. With
+// affinity (or when the map has no block left), plain rules: known clients
+// first go back to their endpoint, else rule i DNATs with probability
+// 1/(M-i) or every (M-i)-th time (the last one always); source-hash with
+// affinity is hashedChain.
 func (r *renderer) endpointChain(c *portCtx, prefix string, eps []*model.Endpoint) string {
 	if c.affinity == nil {
 		if name, ok := r.mappedChain(c, prefix, eps); ok {
@@ -102,11 +104,19 @@ func (r *renderer) endpointChain(c *portCtx, prefix string, eps []*model.Endpoin
 			rules = append(rules, append(rule{lookup{key: k, set: setAffinity}}, r.dnat(c, ep)...))
 		}
 	}
+	if c.sp.Balancing == model.BalanceSourceHash && c.affinity != nil {
+		if name, ok := r.hashedChain(c, prefix, eps, rules); ok {
+			return name
+		}
+	}
+	// Rule i takes 1 in m-i of the connections the rules before it let
+	// through: at random, or (round-robin) every (m-i)-th of them, which
+	// takes the endpoints exactly in turn.
 	m := len(eps)
 	for i, ep := range eps {
 		var pick rule
 		if i < m-1 {
-			pick = rule{numgenZero{mod: uint32(m - i)}}
+			pick = rule{numgenZero{mod: uint32(m - i), inc: c.sp.Balancing == model.BalanceRoundRobin}}
 		}
 		rules = append(rules, append(pick, r.dnat(c, ep)...))
 	}
@@ -114,6 +124,27 @@ func (r *renderer) endpointChain(c *portCtx, prefix string, eps []*model.Endpoin
 	ch.Name = contentName(prefix, c.human, rules...)
 	c.ps.Chains = append(c.ps.Chains, ch)
 	return ch.Name
+}
+
+// hashedChain renders the policy chain of a source-hash port with session
+// affinity: after the affinity rules (known clients), one rule per
+// endpoint matches the clients whose bucket in the chain's block of an
+// endpoint-ranges map is that endpoint's, records them and DNATs. The
+// block index is part of the chain's name, as for mappedChain.
+func (r *renderer) hashedChain(c *portCtx, prefix string, eps []*model.Endpoint, rules []rule) (string, bool) {
+	key := prefix + " " + c.human
+	b, ok := r.slots.get(key, c.proto)
+	if !ok {
+		return "", false
+	}
+	c.ps.Blocks = append(c.ps.Blocks, key)
+	d := r.fillBlock(c, b, eps)
+	for _, ep := range eps {
+		rules = append(rules, append(rule{mapIs{m: d, to: ep.AddrPort()}}, r.dnat(c, ep)...))
+	}
+	ch := &chain{Rules: rules, Name: contentName(prefix, c.human+blockSuffix(b), rules...)}
+	c.ps.Chains = append(c.ps.Chains, ch)
+	return ch.Name, true
 }
 
 // mappedChain renders a policy chain whose endpoints are ranges of its
@@ -126,6 +157,15 @@ func (r *renderer) mappedChain(c *portCtx, prefix string, eps []*model.Endpoint)
 		return "", false
 	}
 	c.ps.Blocks = append(c.ps.Blocks, key)
+	pick := rule{protoCmp{proto: c.proto}, r.fillBlock(c, b, eps)}
+	ch := &chain{Rules: []rule{pick}, Name: contentName(prefix, c.human+blockSuffix(b), pick)}
+	c.ps.Chains = append(c.ps.Chains, ch)
+	return ch.Name, true
+}
+
+// fillBlock puts eps into block b as the port's algorithm needs them and
+// returns the map DNAT that picks among them.
+func (r *renderer) fillBlock(c *portCtx, b block, eps []*model.Endpoint) dnatMap {
 	d := dnatMap{v6: r.v6, mod: blockSpan, offset: b.offset(), set: b.shard}
 	var keys []string
 	switch c.sp.Balancing {
@@ -143,13 +183,10 @@ func (r *renderer) mappedChain(c *portCtx, prefix string, eps []*model.Endpoint)
 	default:
 		keys = blockRanges(b, len(eps))
 	}
-	pick := rule{protoCmp{proto: c.proto}, d}
 	for i, keyRange := range keys {
 		c.ps.Elems = append(c.ps.Elems, element{Set: b.shard, Key: keyRange, Value: addrPort(eps[i].IP, eps[i].Port)})
 	}
-	ch := &chain{Rules: []rule{pick}, Name: contentName(prefix, c.human+blockSuffix(b), pick)}
-	c.ps.Chains = append(c.ps.Chains, ch)
-	return ch.Name, true
+	return d
 }
 
 // permute returns eps[idx[0]], eps[idx[1]], ….

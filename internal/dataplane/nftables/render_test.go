@@ -36,6 +36,8 @@ func featureSnapshot() *model.Snapshot {
 		dptest.Svc("ns", "terminating", "198.19.0.22", 80, dptest.WithNodePort(30022), dptest.WithEPs(dptest.Terminating(dptest.EP("198.18.65.14", 8080, false)))),
 		dptest.Svc("ns", "roundrobin", "198.19.0.24", 80, dptest.WithBalancing(model.BalanceRoundRobin), dptest.WithEPs(remote, local, dptest.EP("198.18.65.11", 8080, false))),
 		dptest.Svc("ns", "sourcehash", "198.19.0.25", 80, dptest.WithBalancing(model.BalanceSourceHash), dptest.WithEPs(remote, local, dptest.EP("198.18.65.11", 8080, false))),
+		dptest.Svc("ns", "rr-affinity", "198.19.0.26", 80, dptest.WithBalancing(model.BalanceRoundRobin), dptest.WithAffinity(60), dptest.WithEPs(remote, local)),
+		dptest.Svc("ns", "sh-affinity", "198.19.0.27", 80, dptest.WithBalancing(model.BalanceSourceHash), dptest.WithAffinity(60), dptest.WithEPs(remote, local)),
 		dptest.Svc("ns", "dual", "fd00:19::10", 80, dptest.WithNodePort(30023), dptest.WithEPs(dptest.EP("fd00:65::10", 8080, false), dptest.EP("fd00:64::10", 8080, true))),
 	)
 }

@@ -253,15 +253,28 @@ func (f fibLocal) appendExprs(out []expr.Any) []expr.Any {
 		cmpReg(expr.CmpOpEq, native32(unix.RTN_LOCAL)))
 }
 
-// numgenZero is `numgen random mod M 0`: true with probability 1/M.
-type numgenZero struct{ mod uint32 }
+// numgenZero is `numgen random mod M 0`: true with probability 1/M; with
+// inc, `numgen inc mod M 0`: true every M-th time the rule is evaluated
+// (the rule's own counter).
+type numgenZero struct {
+	mod uint32
+	inc bool
+}
 
 func (n numgenZero) appendText(b []byte) []byte {
-	return append(strconv.AppendUint(append(b, "numgen random mod "...), uint64(n.mod), 10), " 0"...)
+	kind := "numgen random mod "
+	if n.inc {
+		kind = "numgen inc mod "
+	}
+	return append(strconv.AppendUint(append(b, kind...), uint64(n.mod), 10), " 0"...)
 }
 
 func (n numgenZero) appendExprs(out []expr.Any) []expr.Any {
-	return append(out, &expr.Numgen{Register: 1, Modulus: n.mod, Type: unix.NFT_NG_RANDOM}, cmpReg(expr.CmpOpEq, make([]byte, 4)))
+	typ := uint32(unix.NFT_NG_RANDOM)
+	if n.inc {
+		typ = unix.NFT_NG_INCREMENTAL
+	}
+	return append(out, &expr.Numgen{Register: 1, Modulus: n.mod, Type: typ}, cmpReg(expr.CmpOpEq, make([]byte, 4)))
 }
 
 // markSet is `mark set mark or V`, or with xor `mark set mark xor V`.
@@ -363,7 +376,16 @@ func (d dnatMap) appendText(b []byte) []byte {
 	if d.v6 {
 		ipX = "ip6"
 	}
-	b = fmt.Appendf(b, "dnat %s to ", ipX)
+	return d.appendGenText(fmt.Appendf(b, "dnat %s to ", ipX))
+}
+
+// appendGenText prints the generator and the map: `GEN mod M offset B map
+// @set`.
+func (d dnatMap) appendGenText(b []byte) []byte {
+	ipX := "ip"
+	if d.v6 {
+		ipX = "ip6"
+	}
 	switch d.gen {
 	case genInc:
 		b = append(b, "numgen inc"...)
@@ -388,6 +410,13 @@ func (d dnatMap) protoReg() uint32 {
 }
 
 func (d dnatMap) appendExprs(out []expr.Any) []expr.Any {
+	return append(d.appendGenExprs(out),
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(nfproto(d.v6)), RegAddrMin: 1, RegProtoMin: d.protoReg()})
+}
+
+// appendGenExprs makes the number and looks it up: the endpoint's address
+// in register 1, its port in protoReg.
+func (d dnatMap) appendGenExprs(out []expr.Any) []expr.Any {
 	switch d.gen {
 	case genHash:
 		saddr, _ := addrSelectors(d.v6)
@@ -402,8 +431,29 @@ func (d dnatMap) appendExprs(out []expr.Any) []expr.Any {
 	return append(out,
 		// The map's keys are ranges, compared as big-endian bytes.
 		&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 4, Size: 4},
-		&expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true, SetName: d.set},
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(nfproto(d.v6)), RegAddrMin: 1, RegProtoMin: d.protoReg()})
+		&expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true, SetName: d.set})
+}
+
+// mapIs is `GEN … map @set == ADDR . PORT`: true when the client's number
+// falls in a range of the map whose endpoint is to. Only for jhash
+// generators (the same number in every rule of a chain); with session
+// affinity, source-hash needs a rule per endpoint, each recording the
+// client before its DNAT.
+type mapIs struct {
+	m  dnatMap
+	to netip.AddrPort
+}
+
+func (s mapIs) appendText(b []byte) []byte {
+	b = s.m.appendGenText(b)
+	return fmt.Appendf(b, " == %s . %d", s.to.Addr(), s.to.Port())
+}
+
+func (s mapIs) appendExprs(out []expr.Any) []expr.Any {
+	out = s.m.appendGenExprs(out)
+	port := binaryutil.BigEndian.PutUint16(s.to.Port())
+	return append(out, cmpReg(expr.CmpOpEq, s.to.Addr().AsSlice()),
+		&expr.Cmp{Op: expr.CmpOpEq, Register: s.m.protoReg(), Data: port})
 }
 
 // iifname is `iifname [!=] "NAME"`; a name ending in * matches a prefix.

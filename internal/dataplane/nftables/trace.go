@@ -216,6 +216,9 @@ func (tr *tracer) step(st *trace.Branch, s stmt, depth int) (ok bool, v string) 
 		return true, "accept"
 	case dnatMap:
 		return tr.mappedDNAT(st, s)
+	case mapIs:
+		v, ok := tr.hashedValue(st, s.m)
+		return ok && v == addrPort(s.to.Addr(), s.to.Port()), ""
 	case lookup:
 		return tr.lookupStep(st, s, depth)
 	case addrCmp:
@@ -263,13 +266,8 @@ func (tr *tracer) mappedDNAT(st *trace.Branch, d dnatMap) (bool, string) {
 	}
 	slices.SortFunc(rs, func(a, b rng) int { return int(a.first - b.first) })
 	if d.gen == genHash {
-		// The client's bucket, as the kernel computes it: one endpoint.
-		src := st.Src.AsSlice()
-		k := base + uint64(jhash.Bucket(src, d.seed, d.mod))
-		for _, r := range rs {
-			if r.first <= k && k <= r.last {
-				return tr.dnatValue(st, r.value)
-			}
+		if v, ok := tr.hashedValue(st, d); ok {
+			return tr.dnatValue(st, v)
 		}
 		return false, ""
 	}
@@ -291,6 +289,22 @@ func (tr *tracer) mappedDNAT(st *trace.Branch, d dnatMap) (bool, string) {
 		}
 	}
 	return tr.dnatValue(st, rs[i].value)
+}
+
+// hashedValue is the map value of the client's bucket, as the kernel's
+// jhash computes it; false when no range holds the bucket.
+func (tr *tracer) hashedValue(st *trace.Branch, d dnatMap) (string, bool) {
+	k := uint64(d.offset) + uint64(jhash.Bucket(st.Src.AsSlice(), d.seed, d.mod))
+	for key, v := range tr.src.setElements(d.set) {
+		first, last, err := parseRange(key)
+		if err != nil {
+			trace.Failf("element %q of %s is not a range", key, d.set)
+		}
+		if uint64(first) <= k && k <= uint64(last) {
+			return v, true
+		}
+	}
+	return "", false
 }
 
 // dnatValue DNATs to an endpoint-ranges map value, "address . port".
