@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/kproxy/kproxy/internal/objects"
 	"github.com/kproxy/kproxy/test/testbed/controlplane"
 )
 
@@ -82,8 +83,11 @@ func sampleIndexes(n int) []int {
 type objectSet struct {
 	n, m     int
 	affinity bool // every tenth bulk Service has ClientIP affinity
-	sample   map[int]bool
-	realPods []realPod // the echo pods the sample and dp Services use
+	// balancing: every twentieth bulk Service is annotated round-robin,
+	// every other twentieth source-hash
+	balancing bool
+	sample    map[int]bool
+	realPods  []realPod // the echo pods the sample and dp Services use
 }
 
 // realPod is a pod the bed runs, as the API objects name it.
@@ -124,6 +128,12 @@ func (s *objectSet) service(i int) *v1.Service {
 	}
 	if i%10 == 3 && s.affinity {
 		svc.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+	}
+	if s.balancing && i%10 == 1 {
+		svc.Annotations = map[string]string{objects.AnnotationLoadBalancing: "round-robin"}
+		if i%20 == 11 {
+			svc.Annotations[objects.AnnotationLoadBalancing] = "source-hash"
+		}
 	}
 	if i%25 == 7 {
 		svc.Spec.InternalTrafficPolicy = ptr.To(v1.ServiceInternalTrafficPolicyLocal)

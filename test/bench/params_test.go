@@ -34,6 +34,7 @@ type params struct {
 	appendRuns  bool          // BENCH_APPEND=1: add the runs to the stored ones instead of replacing them
 	profile     string        // BENCH_PROFILE: directory for kproxy CPU/heap profiles of the cold start ("" = none)
 	affinity    int           // BENCH_AFFINITY: percent of bulk Services with ClientIP affinity (0 or 10)
+	balancing   int           // BENCH_BALANCING: percent of bulk Services annotated round-robin or source-hash, half each (0 or 10)
 	kproxyBin   string        // KPROXY_BIN, default bin/kproxy
 	echoBin     string        // KPROXY_ECHO, default bin/kproxy-echo
 	upstreamBin string        // KPROXY_UPSTREAM, default next to the cached kube-apiserver
@@ -75,6 +76,7 @@ func loadParams() (params, error) {
 		appendRuns:  os.Getenv("BENCH_APPEND") == "1",
 		profile:     os.Getenv("BENCH_PROFILE"),
 		affinity:    num("BENCH_AFFINITY", 10),
+		balancing:   num("BENCH_BALANCING", 0),
 		kproxyBin:   envOr("KPROXY_BIN", repoPath("bin/kproxy")),
 		echoBin:     envOr("KPROXY_ECHO", repoPath("bin/kproxy-echo")),
 		upstreamBin: envOr("KPROXY_UPSTREAM", filepath.Join(filepath.Dir(controlplane.APIServerPath()), "kube-proxy")),
@@ -93,6 +95,9 @@ func (p params) check() []string {
 	}
 	if p.endpoints < 1 || p.endpoints > fakeEndpointSpace {
 		errs = append(errs, fmt.Sprintf("BENCH_ENDPOINTS=%d: want 1..%d", p.endpoints, fakeEndpointSpace))
+	}
+	if p.balancing != 0 && p.balancing != 10 {
+		errs = append(errs, fmt.Sprintf("BENCH_BALANCING=%d: want 10 (every tenth Service) or 0", p.balancing))
 	}
 	if p.affinity != 0 && p.affinity != 10 {
 		errs = append(errs, fmt.Sprintf("BENCH_AFFINITY=%d: want 10 (every tenth Service) or 0", p.affinity))

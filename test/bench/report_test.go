@@ -88,6 +88,9 @@ func newEntry(p params, c config, runs []*figures, load string) entry {
 	e := entry{Size: p.size(), Mode: c.mode, Proxy: c.proxy, Runs: len(runs),
 		Date: time.Now().UTC().Format("2006-01-02 15:04 UTC"), Machine: machine(), Etcd: p.etcd, Load: load,
 		Command: p.command, Idle: p.idle.String(), Gap: p.changeGap.String(), Values: map[string][]float64{}}
+	if p.balancing > 0 {
+		e.Notes = append(e.Notes, "every tenth Service annotated kproxy.io/load-balancing: round-robin or source-hash, half each (BENCH_BALANCING=10)")
+	}
 	if p.affinity == 0 {
 		e.Notes = append(e.Notes, "no Service with ClientIP affinity (BENCH_AFFINITY=0)")
 	}

@@ -102,6 +102,7 @@ func newSuite(t *testing.T, p params) *suite {
 		t.Fatal(err)
 	}
 	s := &suite{p: p, cp: cp, writers: ws, objs: newObjectSet(p.services, p.endpoints, p.affinity > 0, plannedPods())}
+	s.objs.balancing = p.balancing > 0
 	if err := cp.EnsureNamespace(ctx, benchNS); err != nil {
 		t.Fatal(err)
 	}
