@@ -72,6 +72,22 @@ func input(svcs map[string][]objects.Endpoint, opts map[string][]svcOpt) model.I
 	return in
 }
 
+func balancing(name string) svcOpt {
+	return func(s *objects.Service) { s.LoadBalancing = name }
+}
+
+// shPick is the endpoint source-hash gives client among eps, of port
+// ns/a:http.
+func shPick(client string, eps ...string) string {
+	var list []*model.Endpoint
+	for _, e := range eps {
+		ap := netip.MustParseAddrPort(e)
+		list = append(list, &model.Endpoint{IP: ap.Addr(), Port: ap.Port()})
+	}
+	sp := &model.ServicePort{ID: model.PortID{Namespace: "ns", Name: "a", Port: "http", Protocol: model.TCP}}
+	return sp.SourceHashPick(list, netip.MustParseAddr(client)).AddrPort().String()
+}
+
 func cfg(mut ...func(*dataplane.Config)) dataplane.Config {
 	c := dataplane.Config{Families: []model.Family{model.IPv4}, LocalMode: dataplane.LocalClusterCIDR,
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.16.0/20")}, NodeIPs: []netip.Addr{node1}}
@@ -107,6 +123,16 @@ func TestExplain(t *testing.T) {
 		masq      bool
 		reason    string // substring
 	}{{
+		name: "round-robin", svcs: map[string][]objects.Endpoint{"a": two}, opts: map[string][]svcOpt{"a": {balancing("round-robin")}},
+		from: "198.18.17.10", to: "198.18.130.1:80",
+		verdict: Forward, frontend: FrontendClusterIP, endpoints: []string{"198.18.17.10:8080", "198.18.18.10:8080"}, reason: "in turn",
+	}, {
+		// The client's endpoint, as the kernel's jhash and the model's
+		// table give it (TestPrivilegedBalancing checks the kernel).
+		name: "source-hash names the client's endpoint", svcs: map[string][]objects.Endpoint{"a": two}, opts: map[string][]svcOpt{"a": {balancing("source-hash")}},
+		from: "198.18.100.7", to: "198.18.130.1:80",
+		verdict: Forward, frontend: FrontendClusterIP, endpoints: []string{shPick("198.18.100.7", "198.18.17.10:8080", "198.18.18.10:8080")}, masq: true, reason: "source-hash sends every new connection from 198.18.100.7",
+	}, {
 		name: "clusterIP from a pod", svcs: map[string][]objects.Endpoint{"a": two},
 		from: "198.18.17.10", to: "198.18.130.1:80",
 		verdict: Forward, frontend: FrontendClusterIP, endpoints: []string{"198.18.17.10:8080", "198.18.18.10:8080"}, reason: "1/2",

@@ -237,3 +237,53 @@ func (b *fbed) expectEvent(t *testing.T, svc *v1.Service, reason, text string) {
 	}
 	t.Fatalf("want a %s Event (%q) on %s from each of %d nodes; have %v", reason, text, svc.Name, nodes, last)
 }
+
+// testBalancingLeastConnections (IPVS mode: the netfilter modes cannot
+// count open connections, and refuse the annotation): four connections
+// held open from one pod reach the four pods; after the connections to two
+// pods end, the next two new ones go to exactly those two, the pods with
+// the fewest open connections.
+func testBalancingLeastConnections(t *testing.T, b *fbed, f family) {
+	kproxyOnly(t, "the kproxy.io/load-balancing annotation is kproxy's")
+	if b.mode != "ipvs" {
+		t.Skipf("%s mode has no least-connections (IPVS's lc does it; see the README)", b.mode)
+	}
+	svc := b.applyService(t, svcName("lc", f), v1.ServiceTypeClusterIP, withBalancing("least-connections"))
+	b.setSlices(t, svc.Name, nil, readyEPs(b.pods...))
+	dst := netip.AddrPortFrom(clusterIP(t, svc, f.v6), 80)
+	from := b.pods[0]
+	waitForPods(t, b.exited, from.Netns, req(echo.ProtoTCP, dst.Addr(), dst.Port()), b.pods...)
+	hold := func() (*echo.KeepAlive, string) {
+		t.Helper()
+		k, err := echo.DialKeepAlive(from.Netns.Do, dst, 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = k.Reset() })
+		res := k.Exchange()
+		if !res.OK() {
+			t.Fatal(res.Err)
+		}
+		return k, res.Reply.Pod
+	}
+	held := map[string]*echo.KeepAlive{}
+	for range b.pods {
+		k, pod := hold()
+		if held[pod] != nil {
+			t.Fatalf("a second open connection went to %s while another pod had none", pod)
+		}
+		held[pod] = k
+	}
+	freed := []string{b.pods[1].PodName, b.pods[2].PodName}
+	for _, p := range freed {
+		_ = held[p].Reset()
+	}
+	got := map[string]bool{}
+	for range freed {
+		_, pod := hold()
+		got[pod] = true
+	}
+	if !got[freed[0]] || !got[freed[1]] {
+		t.Errorf("after the connections to %v ended, two new ones went to %v; want those two pods", freed, got)
+	}
+}

@@ -73,6 +73,7 @@ var featureCases = []fcase{
 	// features_balancing_test.go (kproxy.io/load-balancing)
 	{"BalancingRoundRobin", testBalancingRoundRobin},
 	{"BalancingSourceHash", testBalancingSourceHash},
+	{"BalancingLeastConnections", testBalancingLeastConnections},
 	// features_masquerade_test.go
 	{"MasqueradeDefaults", testMasqueradeDefaults},
 	{"Hairpin", testHairpin},
