@@ -52,6 +52,8 @@ const (
 	ModeIPTables = "iptables"
 	ModeIPVS     = "ipvs"
 	ModeNFTables = "nftables"
+	// ModeUserspace is kproxy's extension: the proxy relays connections.
+	ModeUserspace = "userspace"
 )
 
 // Local traffic detection modes.

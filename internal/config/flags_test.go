@@ -202,7 +202,7 @@ func TestFlagErrors(t *testing.T) {
 		{"blank hostname override", []string{"--hostname-override=  "}, "empty hostname-override is invalid"},
 		{"unknown feature gate", []string{"--feature-gates=NoSuchGate=true"}, "unrecognized feature gate: NoSuchGate"},
 		{"bad sync period", []string{"--iptables-sync-period=0"}, "iptables.syncPeriod"},
-		{"bad mode", []string{"--proxy-mode=userspace"}, "mode: Invalid value: \"userspace\""},
+		{"bad mode", []string{"--proxy-mode=kernelspace"}, "mode: Invalid value: \"kernelspace\""},
 		{"bad local mode", []string{"--detect-local-mode=Foo"}, "detectLocalMode: Unsupported value"},
 		{"bad scheduler", []string{"--proxy-mode=ipvs", "--ipvs-scheduler=fancy"}, "ipvs.scheduler: Unsupported value"},
 		{"bare metrics ip with --write-config-to, as upstream", []string{"--metrics-bind-address=0.0.0.0", "--write-config-to=/x"}, "must be IP:port"},

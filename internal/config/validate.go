@@ -119,11 +119,11 @@ func validateConntrack(c *kpv1alpha1.KubeProxyConntrackConfiguration, path *fiel
 }
 
 func validateProxyMode(mode string, path *field.Path) field.ErrorList {
-	valid := []string{ModeIPTables, ModeIPVS, ModeNFTables}
+	valid := []string{ModeIPTables, ModeIPVS, ModeNFTables, ModeUserspace}
 	if mode == "" || slices.Contains(valid, mode) {
 		return nil
 	}
-	return field.ErrorList{field.Invalid(path, mode, "must be iptables, ipvs, nftables or blank (blank means the best-available proxy [currently iptables])")}
+	return field.ErrorList{field.Invalid(path, mode, "must be iptables, ipvs, nftables, userspace (kproxy's) or blank (blank means the best-available proxy [currently iptables])")}
 }
 
 // validatePeriods checks configSyncPeriod and the selected mode's sync periods.

@@ -11,9 +11,10 @@ import (
 // balancingSupport lists the load-balancing algorithms each proxy mode
 // implements (the README's table says why the others are missing).
 var balancingSupport = map[string][]model.Balancing{
-	ModeNFTables: {model.BalanceRandom, model.BalanceRoundRobin, model.BalanceSourceHash},
-	ModeIPTables: {model.BalanceRandom, model.BalanceRoundRobin},
-	ModeIPVS:     {model.BalanceRandom, model.BalanceRoundRobin, model.BalanceLeastConnections, model.BalanceSourceHash},
+	ModeNFTables:  {model.BalanceRandom, model.BalanceRoundRobin, model.BalanceSourceHash},
+	ModeIPTables:  {model.BalanceRandom, model.BalanceRoundRobin},
+	ModeIPVS:      {model.BalanceRandom, model.BalanceRoundRobin, model.BalanceLeastConnections, model.BalanceSourceHash},
+	ModeUserspace: {model.BalanceRandom, model.BalanceRoundRobin, model.BalanceLeastConnections, model.BalanceSourceHash},
 }
 
 // balancingFor returns what the model needs to know of mode's balancing,

@@ -24,7 +24,7 @@ func (d *daemon) removeLeftovers(ctx context.Context) {
 			logger.Error(err, "Removing leftovers of another proxy mode failed", "mode", mode)
 		}
 	}
-	if d.mode == ModeNFTables && d.env.firewallCleanup != nil {
+	if (d.mode == ModeNFTables || d.mode == ModeUserspace) && d.env.firewallCleanup != nil {
 		if err := d.env.firewallCleanup(ctx); err != nil {
 			logger.Error(err, "Removing the iptables mode's KUBE-FIREWALL failed")
 		}

@@ -20,6 +20,8 @@ const (
 	ModeNFTables = "nftables"
 	ModeIPTables = "iptables"
 	ModeIPVS     = "ipvs"
+	// ModeUserspace is kproxy's own: it relays connections itself.
+	ModeUserspace = "userspace"
 )
 
 // nodePortAddressesPrimary is the nodePortAddresses keyword for "the node's

@@ -178,11 +178,14 @@ func cleanupConfig(e env) dataplane.Config {
 
 // leftoverModes are the modes whose kernel state is removed when starting in
 // mode, as upstream does: nftables removes iptables and ipvs state, the
-// iptables-based modes remove nftables state.
+// iptables-based modes (which share chains) remove nftables state; every
+// mode removes the userspace mode's interface, and the userspace mode
+// removes every other mode's state.
 func leftoverModes(mode string, available map[string]DataplaneFunc) []string {
+	iptablesBased := func(m string) bool { return m == ModeIPTables || m == ModeIPVS }
 	var out []string
 	for _, m := range sortedModes(available) {
-		if m == mode || (m != ModeNFTables && mode != ModeNFTables) {
+		if m == mode || (iptablesBased(m) && iptablesBased(mode)) {
 			continue
 		}
 		out = append(out, m)

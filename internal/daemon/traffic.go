@@ -14,7 +14,7 @@ import (
 // trafficSupported reports whether --service-traffic-metrics works in the
 // mode: the counters key on the DNAT that nftables and iptables modes do
 // through conntrack; IPVS forwards without it.
-func trafficSupported(mode string) bool { return mode != ModeIPVS }
+func trafficSupported(mode string) bool { return mode == ModeNFTables || mode == ModeIPTables }
 
 // startTraffic runs the traffic counter tables when the flag is on (and the
 // mode supports it), or removes the tables an earlier run left when it is

@@ -12,6 +12,7 @@ import (
 	"github.com/kproxy/kproxy/internal/dataplane/iptables"
 	"github.com/kproxy/kproxy/internal/dataplane/ipvs"
 	"github.com/kproxy/kproxy/internal/dataplane/nftables"
+	"github.com/kproxy/kproxy/internal/dataplane/userspace"
 	"github.com/kproxy/kproxy/internal/objects"
 	"github.com/kproxy/kproxy/internal/source/api"
 	"github.com/kproxy/kproxy/internal/source/file"
@@ -123,5 +124,8 @@ func defaultDataplanes() map[string]DataplaneFunc {
 		ModeNFTables: func(cfg dataplane.Config) (dataplane.Dataplane, error) { return nftables.New(cfg) },
 		ModeIPTables: func(cfg dataplane.Config) (dataplane.Dataplane, error) { return iptables.New(cfg) },
 		ModeIPVS:     func(cfg dataplane.Config) (dataplane.Dataplane, error) { return ipvs.New(cfg) },
+		ModeUserspace: func(cfg dataplane.Config) (dataplane.Dataplane, error) {
+			return userspace.New(cfg)
+		},
 	}
 }

@@ -51,21 +51,28 @@ func testBalancingRoundRobin(t *testing.T, b *fbed, f family) {
 		for _, res := range got.results {
 			order = append(order, res.Reply.Pod)
 		}
-		for i := 0; i+len(b.pods) <= len(order); i++ {
-			seen := map[string]bool{}
-			for _, p := range order[i : i+len(b.pods)] {
-				seen[p] = true
-			}
-			if len(seen) != len(b.pods) {
-				t.Fatalf("%s %s -> %s: replies came from %v; want the %d pods in turn", proto, from.PodName, vip, order, len(b.pods))
-			}
-		}
+		checkInTurn(t, fmt.Sprintf("%s %s -> %s", proto, from.PodName, vip), order, len(b.pods))
 		t.Logf("%s %s -> %s: %d connections, the %d pods in turn (%s)", proto, from.PodName, vip, len(order), len(b.pods), got)
 	}
 	if b.mode != "ipvs" {
 		a := b.explainOn(t, b.node(0), podIP(from, f), req(echo.ProtoTCP, vip, 80))
 		if a.Balancing != "round-robin" || len(a.Endpoints) != len(b.pods) {
 			t.Errorf("explain: %s over %d endpoints, want round-robin over %d", a.Balancing, len(a.Endpoints), len(b.pods))
+		}
+	}
+}
+
+// checkInTurn fails t unless every n consecutive replies in order came
+// from n different pods: round-robin's promise.
+func checkInTurn(t *testing.T, what string, order []string, n int) {
+	t.Helper()
+	for i := 0; i+n <= len(order); i++ {
+		seen := map[string]bool{}
+		for _, p := range order[i : i+n] {
+			seen[p] = true
+		}
+		if len(seen) != n {
+			t.Fatalf("%s: replies came from %v; want the %d pods in turn", what, order, n)
 		}
 	}
 }

@@ -1,0 +1,322 @@
+// Package userspace is kproxy's userspace mode (--proxy-mode userspace):
+// kproxy accepts each connection to a Service itself and relays it to an
+// endpoint. Service addresses (ClusterIPs, external IPs, load-balancer
+// IPs) are bound to a dummy interface, so the kernel delivers their
+// traffic to kproxy's sockets like any local traffic: no NAT, no
+// conntrack entry per connection, no netfilter rule at all, and kproxy
+// sees the client's own address (for affinity, source-hash and the
+// traffic policies). NodePorts are sockets on the node's NodePort
+// addresses.
+package userspace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/model"
+)
+
+// Device is the dummy interface holding the Service addresses.
+const Device = "kproxy0"
+
+// Defaults of the relay.
+const (
+	dialTimeout = time.Second
+	backoffBase = 2 * time.Second
+)
+
+// links is what the proxier needs of the kernel's interfaces (a fake in
+// unit tests).
+type links interface {
+	EnsureDevice() error
+	DeviceAddrs() ([]netip.Addr, error) // nil, nil when the device is gone
+	AddAddr(a netip.Addr) error
+	DelAddr(a netip.Addr) error
+	DeleteDevice() error
+	// MigrateRequests sets net.ipv4.tcp_migrate_req in the namespace.
+	MigrateRequests() error
+}
+
+// Proxier is the userspace dataplane.
+type Proxier struct {
+	cfg    dataplane.Config
+	links  links
+	logger klog.Logger
+
+	mu     sync.Mutex
+	fronts map[frontKey]frontend
+	addrs  map[netip.Addr]bool // held on Device
+	relays sync.WaitGroup
+	stats  map[model.PortID]*counters
+	// sysctlDone: the first Sync set net.ipv4.tcp_migrate_req.
+	sysctlDone bool
+}
+
+// New returns a userspace proxier; it touches nothing until Sync.
+func New(cfg dataplane.Config) (*Proxier, error) {
+	return newProxier(cfg, netlinkLinks{})
+}
+
+func newProxier(cfg dataplane.Config, l links) (*Proxier, error) {
+	return &Proxier{cfg: cfg, links: l, logger: klog.Background().WithName("userspace"),
+		fronts: map[frontKey]frontend{}, addrs: map[netip.Addr]bool{}, stats: map[model.PortID]*counters{}}, nil
+}
+
+// Name implements dataplane.Dataplane.
+func (p *Proxier) Name() string { return "userspace" }
+
+// frontKey names a socket: protocol, address and port.
+type frontKey struct {
+	proto model.Protocol
+	addr  netip.AddrPort
+}
+
+// frontend is a socket taking a Service's traffic.
+type frontend interface {
+	current() *pool
+	setPool(p *pool)
+	close()
+}
+
+func (f *tcpFrontend) current() *pool  { return f.pool.Load() }
+func (f *tcpFrontend) setPool(p *pool) { f.pool.Store(p) }
+func (f *tcpFrontend) close()          { _ = f.ln.Close() }
+func (f *udpFrontend) current() *pool  { return f.pool.Load() }
+func (f *udpFrontend) setPool(p *pool) { f.pool.Store(p) }
+
+// frontendSpec is one socket a port needs, the endpoints behind it, and
+// which clients it takes: none with drop (a Local policy without a local
+// endpoint, which upstream drops), those in ranges (the load-balancer
+// source ranges; nil: every client).
+type frontendSpec struct {
+	sp     *model.ServicePort
+	eps    []*model.Endpoint
+	drop   bool
+	ranges []netip.Prefix
+}
+
+// endpointsFor returns the endpoints of a frontend under a policy, and
+// whether it drops: with no endpoint at all, or none under the Cluster
+// policy, there is no socket (ok false: the kernel refuses, as
+// upstream's reject); under the Local policy without a local endpoint,
+// a socket that drops everything.
+func endpointsFor(sp *model.ServicePort, local bool) (eps []*model.Endpoint, drop, ok bool) {
+	switch {
+	case !sp.HasEndpoints, !local && len(sp.ClusterEndpoints) == 0:
+		return nil, false, false
+	case local && len(sp.LocalEndpoints) == 0:
+		return nil, true, true
+	case local:
+		return sp.LocalEndpoints, false, true
+	}
+	return sp.ClusterEndpoints, false, true
+}
+
+// desired lists the sockets of snap and the addresses Device must hold.
+func (p *Proxier) desired(snap *model.Snapshot) (map[frontKey]frontendSpec, map[netip.Addr]bool) {
+	fronts := map[frontKey]frontendSpec{}
+	addrs := map[netip.Addr]bool{}
+	for _, f := range p.cfg.Families {
+		for _, sp := range snap.Family(f).Ports {
+			if sp.Protocol != model.TCP && sp.Protocol != model.UDP {
+				continue // SCTP: not relayed (see the README)
+			}
+			key := func(a netip.Addr, port uint16) frontKey {
+				return frontKey{sp.Protocol, netip.AddrPortFrom(a, port)}
+			}
+			addrs[sp.ClusterIP] = true
+			if eps, drop, ok := endpointsFor(sp, sp.InternalPolicyLocal); ok {
+				fronts[key(sp.ClusterIP, sp.Port)] = frontendSpec{sp: sp, eps: eps, drop: drop}
+			}
+			eps, drop, ok := endpointsFor(sp, sp.ExternalPolicyLocal)
+			for _, a := range sp.ExternalIPs {
+				addrs[a] = true
+				if ok {
+					fronts[key(a, sp.Port)] = frontendSpec{sp: sp, eps: eps, drop: drop}
+				}
+			}
+			for _, a := range sp.LoadBalancerIPs {
+				addrs[a] = true
+				if ok {
+					fronts[key(a, sp.Port)] = frontendSpec{sp: sp, eps: eps, drop: drop, ranges: sp.SourceRanges}
+				}
+			}
+			if sp.NodePort != 0 && ok {
+				for _, a := range p.nodePortAddrs(f) {
+					fronts[key(a, sp.NodePort)] = frontendSpec{sp: sp, eps: eps, drop: drop}
+				}
+			}
+		}
+	}
+	return fronts, addrs
+}
+
+// nodePortAddrs are the node's addresses of family f that NodePorts
+// answer on: its primary IPs (the upstream default is every address; the
+// userspace mode binds sockets, so it needs the addresses themselves).
+func (p *Proxier) nodePortAddrs(f model.Family) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range p.cfg.NodeIPs {
+		if model.FamilyOf(a) == f && !a.IsLoopback() {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// Sync implements dataplane.Dataplane: the addresses first (so a new
+// socket's address is local when it starts accepting), then the sockets;
+// a frontend that stays gets its new endpoints at once, with its open
+// relays untouched; a frontend that goes stops accepting and lets its
+// relays finish.
+func (p *Proxier) Sync(ctx context.Context, snap *model.Snapshot, req dataplane.SyncRequest) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fronts, addrs := p.desired(snap)
+	if req.Full || len(p.addrs) == 0 {
+		if err := p.readAddrs(); err != nil {
+			return err
+		}
+	}
+	if !p.sysctlDone {
+		p.sysctlDone = true
+		// A kproxy that stops listening hands the connections its
+		// listeners had queued to the listeners of another kproxy on the
+		// same addresses (SO_REUSEPORT), so a rolling update with
+		// overlapping processes refuses nothing (Linux 5.14+).
+		if err := p.links.MigrateRequests(); err != nil {
+			p.logger.Info("Cannot set net.ipv4.tcp_migrate_req; a restart may reset connections still queued", "err", err)
+		}
+	}
+	var errs []error
+	for a := range addrs {
+		if !p.addrs[a] {
+			if err := p.links.AddAddr(a); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			p.addrs[a] = true
+		}
+	}
+	for key, spec := range fronts {
+		fr, ok := p.fronts[key]
+		if ok {
+			fr.setPool(newPool(spec, fr.current()))
+		} else {
+			var err error
+			if fr, err = p.open(key, spec); err != nil {
+				errs = append(errs, fmt.Errorf("listening on %s/%s for %s: %w", key.addr, key.proto, spec.sp.ID, err))
+				continue
+			}
+			p.fronts[key] = fr
+		}
+	}
+	for key, fr := range p.fronts {
+		if _, ok := fronts[key]; !ok {
+			fr.close()
+			delete(p.fronts, key)
+		}
+	}
+	for a := range p.addrs {
+		if !addrs[a] {
+			if err := p.links.DelAddr(a); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			delete(p.addrs, a)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// open makes the socket of key and starts serving it.
+func (p *Proxier) open(key frontKey, spec frontendSpec) (frontend, error) {
+	st := p.stats[spec.sp.ID]
+	if st == nil {
+		st = &counters{}
+		p.stats[spec.sp.ID] = st
+	}
+	first := newPool(spec, nil)
+	if key.proto == model.UDP {
+		c, err := listenUDP(key.addr)
+		if err != nil {
+			return nil, err
+		}
+		fr := &udpFrontend{addr: key.addr, conn: c, logger: p.logger, stats: st, base: backoffBase, sessions: map[netip.AddrPort]*udpSession{}}
+		fr.pool.Store(first)
+		go fr.serve()
+		return fr, nil
+	}
+	ln, err := listenTCP(key.addr)
+	if err != nil {
+		return nil, err
+	}
+	fr := &tcpFrontend{addr: key.addr, ln: ln, dial: dialTimeout, base: backoffBase, logger: p.logger, relays: &p.relays, stats: st}
+	fr.pool.Store(first)
+	go fr.serve()
+	return fr, nil
+}
+
+// readAddrs makes sure Device exists and reads what it holds.
+func (p *Proxier) readAddrs() error {
+	if err := p.links.EnsureDevice(); err != nil {
+		return err
+	}
+	have, err := p.links.DeviceAddrs()
+	if err != nil {
+		return err
+	}
+	p.addrs = map[netip.Addr]bool{}
+	for _, a := range have {
+		if a.IsLinkLocalUnicast() {
+			continue
+		}
+		p.addrs[a] = true
+	}
+	return nil
+}
+
+// Drifted implements dataplane.Dataplane: Device must still hold every
+// address kproxy put there.
+func (p *Proxier) Drifted(ctx context.Context) (bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	have, err := p.links.DeviceAddrs()
+	if err != nil {
+		return false, err
+	}
+	if have == nil && len(p.addrs) > 0 {
+		return true, nil
+	}
+	set := map[netip.Addr]bool{}
+	for _, a := range have {
+		set[a] = true
+	}
+	for a := range p.addrs {
+		if !set[a] {
+			klog.FromContext(ctx).Info("A Service address is gone from the userspace mode's interface; the next sync repairs it", "address", a, "interface", Device)
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// Cleanup implements dataplane.Dataplane: the sockets close and Device
+// goes, with every address on it.
+func (p *Proxier) Cleanup(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for key, fr := range p.fronts {
+		fr.close()
+		delete(p.fronts, key)
+	}
+	p.addrs = map[netip.Addr]bool{}
+	return p.links.DeleteDevice()
+}

@@ -1,0 +1,368 @@
+package userspace
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/dataplane/dptest"
+	"github.com/kproxy/kproxy/internal/model"
+)
+
+// fakeLinks records the device's addresses.
+type fakeLinks struct {
+	dev   bool
+	addrs map[netip.Addr]bool
+}
+
+func (f *fakeLinks) EnsureDevice() error {
+	if !f.dev {
+		f.dev, f.addrs = true, map[netip.Addr]bool{}
+	}
+	return nil
+}
+
+func (f *fakeLinks) DeviceAddrs() ([]netip.Addr, error) {
+	if !f.dev {
+		return nil, nil
+	}
+	var out []netip.Addr
+	for a := range f.addrs {
+		out = append(out, a)
+	}
+	return out, nil
+}
+
+func (f *fakeLinks) AddAddr(a netip.Addr) error { f.addrs[a] = true; return nil }
+func (f *fakeLinks) DelAddr(a netip.Addr) error { delete(f.addrs, a); return nil }
+func (f *fakeLinks) DeleteDevice() error        { f.dev, f.addrs = false, nil; return nil }
+func (f *fakeLinks) MigrateRequests() error     { return nil }
+
+// server answers every connection with its name and a newline, then
+// echoes lines until the client closes.
+func server(t *testing.T, name string) netip.AddrPort {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				fmt.Fprintln(c, name)
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+	return netip.MustParseAddrPort(ln.Addr().String())
+}
+
+// deadAddr is a loopback port nothing listens on.
+func deadAddr(t *testing.T) netip.AddrPort {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := netip.MustParseAddrPort(ln.Addr().String())
+	ln.Close()
+	return a
+}
+
+func eps(addrs ...netip.AddrPort) []*model.Endpoint {
+	var out []*model.Endpoint
+	for _, a := range addrs {
+		out = append(out, dptest.EP(a.Addr().String(), a.Port(), true))
+	}
+	return out
+}
+
+// get connects from src (zero: any) and returns the first line.
+func get(t *testing.T, src netip.Addr, to netip.AddrPort) string {
+	t.Helper()
+	d := net.Dialer{Timeout: 2 * time.Second}
+	if src.IsValid() {
+		d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
+	}
+	c, err := d.Dial("tcp", to.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		t.Fatalf("reading from %s: %v", to, err)
+	}
+	return strings.TrimSpace(line)
+}
+
+func testProxier(t *testing.T) (*Proxier, *fakeLinks) {
+	t.Helper()
+	l := &fakeLinks{}
+	p, _ := newProxier(dataplane.Config{Families: []model.Family{model.IPv4}}, l)
+	t.Cleanup(func() { _ = p.Cleanup(context.Background()) })
+	return p, l
+}
+
+func syncTo(t *testing.T, p *Proxier, svcs ...*model.ServicePort) {
+	t.Helper()
+	if err := p.Sync(context.Background(), dptest.Snapshot(svcs...), dataplane.SyncRequest{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// vip is a loopback address standing in for a ClusterIP (every 127/8
+// address is local, so no device is needed).
+const vip = "127.0.0.10"
+
+func TestRoundRobinAndDeadEndpoint(t *testing.T) {
+	p, l := testProxier(t)
+	a, b, c := server(t, "a"), server(t, "b"), server(t, "c")
+	dead := deadAddr(t)
+	svc := dptest.Svc("ns", "rr", vip, 18080, dptest.WithBalancing(model.BalanceRoundRobin), dptest.WithEPs(eps(a, dead, b, c)...))
+	syncTo(t, p, svc)
+	if !l.addrs[netip.MustParseAddr(vip)] {
+		t.Fatalf("device addresses %v, want %s", l.addrs, vip)
+	}
+	to := netip.MustParseAddrPort(vip + ":18080")
+	// The dead endpoint costs no failed connection: its turn goes to the
+	// next, and it is skipped while it backs off.
+	var got []string
+	for range 9 {
+		got = append(got, get(t, netip.Addr{}, to))
+	}
+	for i := 0; i+3 <= len(got); i++ {
+		if got[i] == got[i+1] || got[i] == got[i+2] || got[i+1] == got[i+2] {
+			t.Fatalf("connections went to %v, want a, b, c in turn", got)
+		}
+	}
+	if n := p.stats[svc.ID].connectErrors.Load(); n != 1 {
+		t.Errorf("%d connect errors, want 1 (then the dead endpoint backs off)", n)
+	}
+}
+
+func TestLeastConnections(t *testing.T) {
+	p, _ := testProxier(t)
+	a, b := server(t, "a"), server(t, "b")
+	syncTo(t, p, dptest.Svc("ns", "lc", vip, 18081, dptest.WithBalancing(model.BalanceLeastConnections), dptest.WithEPs(eps(a, b)...)))
+	to := netip.MustParseAddrPort(vip + ":18081")
+	// Connections held open: each new one goes to the endpoint with fewer
+	// open, so the second and the fourth go where the first and the third
+	// did not.
+	var got []string
+	for range 4 {
+		c, err := net.Dial("tcp", to.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		line, _ := bufio.NewReader(c).ReadString('\n')
+		got = append(got, strings.TrimSpace(line))
+	}
+	if got[0] == got[1] || got[2] == got[3] {
+		t.Errorf("held connections went to %v, want each new one to the endpoint with fewer", got)
+	}
+}
+
+func TestSourceHashAndAffinity(t *testing.T) {
+	p, _ := testProxier(t)
+	servers := map[netip.AddrPort]string{}
+	var addrs []netip.AddrPort
+	for _, n := range []string{"a", "b", "c"} {
+		a := server(t, n)
+		servers[a] = n
+		addrs = append(addrs, a)
+	}
+	sh := dptest.Svc("ns", "sh", vip, 18082, dptest.WithBalancing(model.BalanceSourceHash), dptest.WithEPs(eps(addrs...)...))
+	aff := dptest.Svc("ns", "aff", "127.0.0.11", 18083, dptest.WithAffinity(60), dptest.WithEPs(eps(addrs...)...))
+	syncTo(t, p, sh, aff)
+	seen := map[string]bool{}
+	for i := range 12 {
+		src := netip.AddrFrom4([4]byte{127, 0, 1, byte(1 + i)})
+		want := servers[sh.SourceHashPick(sh.ClusterEndpoints, src).AddrPort()]
+		for range 2 {
+			if got := get(t, src, netip.MustParseAddrPort(vip+":18082")); got != want {
+				t.Fatalf("source-hash: client %s reached %s, the model says %s", src, got, want)
+			}
+		}
+		seen[want] = true
+		// Affinity: every connection of a client to the same endpoint.
+		to := netip.MustParseAddrPort("127.0.0.11:18083")
+		one := get(t, src, to)
+		for range 3 {
+			if got := get(t, src, to); got != one {
+				t.Fatalf("affinity: client %s reached %s after %s", src, got, one)
+			}
+		}
+	}
+	if len(seen) < 2 {
+		t.Errorf("12 clients reached only %v", seen)
+	}
+}
+
+// TestRemovedFrontendLetsRelaysFinish: a Service that goes stops taking
+// connections (refused) while an open one keeps working.
+func TestRemovedFrontendLetsRelaysFinish(t *testing.T) {
+	p, l := testProxier(t)
+	a := server(t, "a")
+	syncTo(t, p, dptest.Svc("ns", "web", vip, 18084, dptest.WithEPs(eps(a)...)))
+	to := netip.MustParseAddrPort(vip + ":18084")
+	c, err := net.Dial("tcp", to.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	if line, _ := r.ReadString('\n'); strings.TrimSpace(line) != "a" {
+		t.Fatalf("got %q", line)
+	}
+	syncTo(t, p)
+	if len(l.addrs) != 0 {
+		t.Errorf("device keeps %v after the Service went", l.addrs)
+	}
+	if _, err := net.DialTimeout("tcp", to.String(), time.Second); err == nil {
+		t.Error("a new connection was accepted after the Service went")
+	}
+	fmt.Fprintln(c, "still there?")
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if line, err := r.ReadString('\n'); err != nil || strings.TrimSpace(line) != "still there?" {
+		t.Fatalf("open relay after the Service went: %q, %v", line, err)
+	}
+}
+
+// udpServer answers each datagram with its name.
+func udpServer(t *testing.T, name string) netip.AddrPort {
+	t.Helper()
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			_, from, err := c.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			_, _ = c.WriteToUDPAddrPort([]byte(name), from)
+		}
+	}()
+	return netip.MustParseAddrPort(c.LocalAddr().String())
+}
+
+// TestUDPSessions: each client socket is one session, answered from the
+// Service address; round-robin moves from session to session; a Service
+// without endpoints has no socket, so the kernel answers port unreachable.
+func TestUDPSessions(t *testing.T) {
+	p, _ := testProxier(t)
+	a, b := udpServer(t, "a"), udpServer(t, "b")
+	svc := dptest.Svc("ns", "dns", vip, 15353, dptest.WithProto(model.UDP), dptest.WithBalancing(model.BalanceRoundRobin), dptest.WithEPs(eps(a, b)...))
+	syncTo(t, p, svc)
+	to := netip.MustParseAddrPort(vip + ":15353")
+	exchange := func(c *net.UDPConn) (string, error) {
+		if _, err := c.Write([]byte("q")); err != nil {
+			return "", err
+		}
+		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		buf := make([]byte, 100)
+		n, from, err := c.ReadFromUDPAddrPort(buf)
+		if err == nil && from != to {
+			t.Errorf("answer from %s, want the Service address %s", from, to)
+		}
+		return string(buf[:n]), err
+	}
+	var got []string
+	for range 4 {
+		c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(to))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		first, err := exchange(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := exchange(c)
+		if err != nil || again != first {
+			t.Fatalf("one session reached %s then %q (%v)", first, again, err)
+		}
+		got = append(got, first)
+	}
+	if got[0] == got[1] || got[1] == got[2] || got[2] == got[3] {
+		t.Errorf("sessions went to %v, want a and b in turn", got)
+	}
+	syncTo(t, p, dptest.Svc("ns", "dns", vip, 15353, dptest.WithProto(model.UDP)))
+	c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(to))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := exchange(c); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("no endpoints: %v, want connection refused (port unreachable)", err)
+	}
+}
+
+// refused says whether from src a TCP client to `to` gets no answer: the
+// frontend resets clients it does not take right after the handshake.
+func refused(src netip.Addr, to netip.AddrPort) bool {
+	d := net.Dialer{Timeout: time.Second, LocalAddr: &net.TCPAddr{IP: src.AsSlice()}}
+	c, err := d.Dial("tcp", to.String())
+	if err != nil {
+		return true
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	_, err = bufio.NewReader(c).ReadString('\n')
+	return err != nil
+}
+
+// TestClientsNotTaken: load-balancer source ranges and a Local policy
+// without a local endpoint keep clients out: TCP ones are reset after the
+// handshake (a socket cannot drop a SYN without a filter), UDP datagrams
+// are dropped.
+func TestClientsNotTaken(t *testing.T) {
+	p, _ := testProxier(t)
+	remote := server(t, "remote")
+	rep := dptest.EP(remote.Addr().String(), remote.Port(), false) // on "another node"
+	lb := dptest.Svc("ns", "lb", vip, 18090, dptest.WithLB("127.0.0.12"), dptest.WithSourceRanges("127.0.1.0/24"), dptest.WithEPs(rep))
+	local := dptest.Svc("ns", "etp", "127.0.0.13", 18091, dptest.WithLB("127.0.0.14"), dptest.WithETPLocal, dptest.WithEPs(rep))
+	syncTo(t, p, lb, local)
+	inRange, outside := netip.MustParseAddr("127.0.1.5"), netip.MustParseAddr("127.0.2.5")
+	if got := get(t, inRange, netip.MustParseAddrPort("127.0.0.12:18090")); got != "remote" {
+		t.Errorf("source range: client in range got %q", got)
+	}
+	if !refused(outside, netip.MustParseAddrPort("127.0.0.12:18090")) {
+		t.Error("source range: a client outside was served")
+	}
+	if got := get(t, outside, netip.MustParseAddrPort(vip+":18090")); got != "remote" {
+		t.Errorf("source ranges do not apply to the ClusterIP: got %q", got)
+	}
+	if !refused(inRange, netip.MustParseAddrPort("127.0.0.14:18091")) {
+		t.Error("Local policy without a local endpoint: a client was served")
+	}
+	if got := get(t, inRange, netip.MustParseAddrPort("127.0.0.13:18091")); got != "remote" {
+		t.Errorf("the ClusterIP of an external-Local Service uses every endpoint: got %q", got)
+	}
+	// The ranges go: everyone is let in.
+	syncTo(t, p, dptest.Svc("ns", "lb", vip, 18090, dptest.WithLB("127.0.0.12"), dptest.WithEPs(rep)), local)
+	if got := get(t, outside, netip.MustParseAddrPort("127.0.0.12:18090")); got != "remote" {
+		t.Errorf("without source ranges: got %q", got)
+	}
+}
