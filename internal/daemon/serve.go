@@ -74,7 +74,7 @@ func (d *daemon) startServers(ctx context.Context, wg *sync.WaitGroup) error {
 	servers, obs, err := d.env.servers(ServerParams{
 		Options: d.o, NodeName: d.nodeName, Mode: d.mode, Families: d.fams,
 		NodePortAddresses: d.dpCfg.NodePortAddresses, NodeOptional: !d.inputs.NodeExpected,
-		ServiceTraffic: trafficRead,
+		ServiceTraffic: trafficRead, Relays: relayReader(d.dp),
 	})
 	if err != nil {
 		return fmt.Errorf("setting up servers: %w", err)

@@ -27,6 +27,9 @@ type ServerParams struct {
 	// ServiceTraffic reads the per-Service traffic counters at scrape
 	// time; nil without --service-traffic-metrics.
 	ServiceTraffic metrics.ServiceTrafficReader
+	// Relays reads the userspace mode's relay counters; nil in the other
+	// modes.
+	Relays metrics.RelayReader
 }
 
 // defaultServers builds the proxy health server, one health-check node port
@@ -36,7 +39,7 @@ func defaultServers(p ServerParams) ([]Server, []Observer, error) {
 	cfg := p.Options.Config
 	reg := metrics.NewRegistry()
 	m, err := metrics.New(reg, metrics.Options{Mode: p.Mode, FeatureGate: p.Options.FeatureGate,
-		ServiceTraffic: p.ServiceTraffic, Logger: klog.Background().WithName("metrics")})
+		ServiceTraffic: p.ServiceTraffic, Relays: p.Relays, Logger: klog.Background().WithName("metrics")})
 	if err != nil {
 		return nil, nil, fmt.Errorf("registering metrics: %w", err)
 	}

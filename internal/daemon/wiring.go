@@ -13,6 +13,7 @@ import (
 	"github.com/kproxy/kproxy/internal/dataplane/ipvs"
 	"github.com/kproxy/kproxy/internal/dataplane/nftables"
 	"github.com/kproxy/kproxy/internal/dataplane/userspace"
+	"github.com/kproxy/kproxy/internal/metrics"
 	"github.com/kproxy/kproxy/internal/objects"
 	"github.com/kproxy/kproxy/internal/source/api"
 	"github.com/kproxy/kproxy/internal/source/file"
@@ -127,5 +128,26 @@ func defaultDataplanes() map[string]DataplaneFunc {
 		ModeUserspace: func(cfg dataplane.Config) (dataplane.Dataplane, error) {
 			return userspace.New(cfg)
 		},
+	}
+}
+
+// relayReader reads the userspace mode's relay counters; nil for the
+// other modes.
+func relayReader(dp dataplane.Dataplane) metrics.RelayReader {
+	us, ok := dp.(*userspace.Proxier)
+	if !ok {
+		return nil
+	}
+	return func() []metrics.Relays {
+		stats := us.Stats()
+		out := make([]metrics.Relays, len(stats))
+		for i, s := range stats {
+			out[i] = metrics.Relays{
+				Namespace: s.Port.Namespace, Name: s.Port.Name, Port: s.Port.Port, Family: s.Family.String(),
+				Endpoint: s.Endpoint.String(), Active: s.Active, Total: s.Total,
+				BytesToEndpoint: s.BytesIn, BytesFromEndpoint: s.BytesOut, ConnectErrors: s.ConnectErrors, Retries: s.Retries,
+			}
+		}
+		return out
 	}
 }

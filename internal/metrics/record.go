@@ -27,6 +27,9 @@ type Options struct {
 	// (--service-traffic-metrics) at each scrape, for the kproxy_service_*
 	// metrics; when nil they are not registered.
 	ServiceTraffic ServiceTrafficReader
+	// Relays, when set, reads the userspace mode's relay counters at each
+	// scrape, for the kproxy_userspace_* metrics.
+	Relays RelayReader
 	// Logger logs failed nfacct and traffic reads; the zero value discards.
 	Logger klog.Logger
 	// FeatureGate, when set, is published as kubernetes_feature_enabled
@@ -76,6 +79,11 @@ func New(reg k8smetrics.KubeRegistry, o Options) (*Metrics, error) {
 			if err := reg.CustomRegister(c); err != nil {
 				return nil, fmt.Errorf("registering nfacct metrics: %w", err)
 			}
+		}
+	}
+	if o.Relays != nil {
+		if err := reg.CustomRegister(newRelayCollector(o.Relays)); err != nil {
+			return nil, fmt.Errorf("registering relay metrics: %w", err)
 		}
 	}
 	if o.ServiceTraffic != nil {

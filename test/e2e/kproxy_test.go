@@ -353,6 +353,10 @@ func testHealthAndMetrics(t *testing.T, c *cluster) {
 			}, "GET %s from the client", url)
 		}
 		want := []string{"kubeproxy_sync_proxy_rules_duration_seconds"}
+		if c.mode == "userspace" {
+			// The relays' counters, per Service port and endpoint.
+			want = append(want, "kproxy_userspace_connections_total{", `kproxy_userspace_bytes_total{direction="from_endpoint"`)
+		}
 		if c.mode == "iptables" {
 			// Upstream's iptables mode reports the rules it owns per table.
 			want = append(want, `kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv4",table="nat"}`,

@@ -16,6 +16,10 @@ type backend struct {
 	addr netip.AddrPort
 	// active is the relays open to it (least-connections reads it).
 	active atomic.Int64
+	// The metrics' counters: relays opened, those opened after another
+	// endpoint's connect failed, failed connects, payload bytes.
+	total, retries, connectErrors atomic.Uint64
+	bytesIn, bytesOut             atomic.Uint64
 	// downUntil is when a failed connect stops counting against it (unix
 	// nanoseconds; 0: up), and failures how many in a row (the backoff
 	// doubles with each).

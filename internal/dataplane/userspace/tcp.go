@@ -27,7 +27,6 @@ type tcpFrontend struct {
 	base   time.Duration // first backoff of a failed endpoint
 	logger klog.Logger
 	relays *sync.WaitGroup
-	stats  *counters
 }
 
 // listenControl sets what every listener needs: SO_REUSEADDR and
@@ -101,6 +100,7 @@ func (f *tcpFrontend) relay(client *net.TCPConn) {
 	now := time.Now()
 	var up *net.TCPConn
 	var to *backend
+	retried := false
 	for _, b := range p.pick(src.Addr().Unmap(), now) {
 		c, err := net.DialTimeout("tcp", b.addr.String(), f.dial)
 		if err != nil {
@@ -108,7 +108,8 @@ func (f *tcpFrontend) relay(client *net.TCPConn) {
 			if p.sp.Balancing == model.BalanceRoundRobin {
 				p.next.Add(1) // the failed endpoint's turn is taken
 			}
-			f.stats.connectErrors.Add(1)
+			b.connectErrors.Add(1)
+			retried = true
 			f.logger.V(4).Info("Endpoint connect failed; trying another", "frontend", f.addr, "endpoint", b.addr, "err", err)
 			continue
 		}
@@ -125,28 +126,22 @@ func (f *tcpFrontend) relay(client *net.TCPConn) {
 		p.affinity.set(src.Addr().Unmap(), to.addr, now)
 	}
 	to.active.Add(1)
-	f.stats.active.Add(1)
-	defer func() {
-		to.active.Add(-1)
-		f.stats.active.Add(-1)
-	}()
-	f.stats.total.Add(1)
+	defer to.active.Add(-1)
+	to.total.Add(1)
+	if retried {
+		to.retries.Add(1)
+	}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		// TCPConn.ReadFrom a TCPConn splices: the bytes stay in the kernel.
 		n, _ := io.Copy(up, client)
-		f.stats.bytesIn.Add(n)
+		to.bytesIn.Add(uint64(n))
 		_ = up.CloseWrite()
 	}()
 	n, _ := io.Copy(client, up)
-	f.stats.bytesOut.Add(n)
+	to.bytesOut.Add(uint64(n))
 	_ = client.CloseWrite()
 	wg.Wait()
-}
-
-// counters are a frontend's totals (the metrics read them).
-type counters struct {
-	active, total, connectErrors, bytesIn, bytesOut atomic.Int64
 }

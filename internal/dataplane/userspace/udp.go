@@ -29,7 +29,6 @@ type udpFrontend struct {
 	conn   *net.UDPConn
 	pool   atomic.Pointer[pool]
 	logger klog.Logger
-	stats  *counters
 	base   time.Duration
 
 	mu       sync.Mutex
@@ -76,6 +75,7 @@ func (f *udpFrontend) serve() {
 			continue
 		}
 		s.last.Store(time.Now().UnixNano())
+		s.to.bytesIn.Add(uint64(n))
 		if _, err := s.up.Write(buf[:n]); err != nil {
 			f.logger.V(4).Info("Relaying a datagram failed", "frontend", f.addr, "endpoint", s.to.addr, "err", err)
 		}
@@ -95,11 +95,13 @@ func (f *udpFrontend) session(client netip.AddrPort) *udpSession {
 	}
 	p := f.pool.Load()
 	now := time.Now()
+	retried := false
 	for _, b := range p.pick(client.Addr().Unmap(), now) {
 		up, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(b.addr))
 		if err != nil {
 			b.failed(now, f.base)
-			f.stats.connectErrors.Add(1)
+			b.connectErrors.Add(1)
+			retried = true
 			continue
 		}
 		if p.affinity != nil {
@@ -109,8 +111,10 @@ func (f *udpFrontend) session(client netip.AddrPort) *udpSession {
 		s.last.Store(now.UnixNano())
 		f.sessions[client] = s
 		b.active.Add(1)
-		f.stats.active.Add(1)
-		f.stats.total.Add(1)
+		b.total.Add(1)
+		if retried {
+			b.retries.Add(1)
+		}
 		go f.back(s)
 		return s
 	}
@@ -128,7 +132,6 @@ func (f *udpFrontend) back(s *udpSession) {
 		f.mu.Unlock()
 		s.up.Close()
 		s.to.active.Add(-1)
-		f.stats.active.Add(-1)
 	}()
 	buf := make([]byte, udpBuffer)
 	for {
@@ -143,12 +146,12 @@ func (f *udpFrontend) back(s *udpSession) {
 				// The endpoint answered port unreachable: back it off;
 				// the client's next datagram starts a session elsewhere.
 				s.to.failed(time.Now(), f.base)
-				f.stats.connectErrors.Add(1)
+				s.to.connectErrors.Add(1)
 			}
 			return
 		}
 		s.last.Store(time.Now().UnixNano())
-		f.stats.bytesOut.Add(int64(n))
+		s.to.bytesOut.Add(uint64(n))
 		if _, err := f.conn.WriteToUDPAddrPort(buf[:n], s.client); err != nil && errors.Is(err, net.ErrClosed) {
 			return
 		}

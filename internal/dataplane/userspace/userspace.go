@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -54,7 +55,6 @@ type Proxier struct {
 	fronts map[frontKey]frontend
 	addrs  map[netip.Addr]bool // held on Device
 	relays sync.WaitGroup
-	stats  map[model.PortID]*counters
 	// sysctlDone: the first Sync set net.ipv4.tcp_migrate_req.
 	sysctlDone bool
 }
@@ -66,7 +66,7 @@ func New(cfg dataplane.Config) (*Proxier, error) {
 
 func newProxier(cfg dataplane.Config, l links) (*Proxier, error) {
 	return &Proxier{cfg: cfg, links: l, logger: klog.Background().WithName("userspace"),
-		fronts: map[frontKey]frontend{}, addrs: map[netip.Addr]bool{}, stats: map[model.PortID]*counters{}}, nil
+		fronts: map[frontKey]frontend{}, addrs: map[netip.Addr]bool{}}, nil
 }
 
 // Name implements dataplane.Dataplane.
@@ -238,18 +238,13 @@ func (p *Proxier) Sync(ctx context.Context, snap *model.Snapshot, req dataplane.
 
 // open makes the socket of key and starts serving it.
 func (p *Proxier) open(key frontKey, spec frontendSpec) (frontend, error) {
-	st := p.stats[spec.sp.ID]
-	if st == nil {
-		st = &counters{}
-		p.stats[spec.sp.ID] = st
-	}
 	first := newPool(spec, nil)
 	if key.proto == model.UDP {
 		c, err := listenUDP(key.addr)
 		if err != nil {
 			return nil, err
 		}
-		fr := &udpFrontend{addr: key.addr, conn: c, logger: p.logger, stats: st, base: backoffBase, sessions: map[netip.AddrPort]*udpSession{}}
+		fr := &udpFrontend{addr: key.addr, conn: c, logger: p.logger, base: backoffBase, sessions: map[netip.AddrPort]*udpSession{}}
 		fr.pool.Store(first)
 		go fr.serve()
 		return fr, nil
@@ -258,7 +253,7 @@ func (p *Proxier) open(key frontKey, spec frontendSpec) (frontend, error) {
 	if err != nil {
 		return nil, err
 	}
-	fr := &tcpFrontend{addr: key.addr, ln: ln, dial: dialTimeout, base: backoffBase, logger: p.logger, relays: &p.relays, stats: st}
+	fr := &tcpFrontend{addr: key.addr, ln: ln, dial: dialTimeout, base: backoffBase, logger: p.logger, relays: &p.relays}
 	fr.pool.Store(first)
 	go fr.serve()
 	return fr, nil
@@ -319,4 +314,66 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	}
 	p.addrs = map[netip.Addr]bool{}
 	return p.links.DeleteDevice()
+}
+
+// Stat is what the relays of one endpoint of one Service port counted,
+// over every frontend of the port.
+type Stat struct {
+	Port     model.PortID
+	Family   model.Family
+	Endpoint netip.AddrPort
+	// Active is the relays open now (TCP connections, UDP sessions).
+	Active int64
+	// Total relays opened, Retries those opened after another endpoint's
+	// connect failed, ConnectErrors failed connects to this endpoint.
+	Total, Retries, ConnectErrors uint64
+	// BytesIn went to the endpoint, BytesOut came from it.
+	BytesIn, BytesOut uint64
+}
+
+// Stats returns every current endpoint's counters, sorted by port and
+// endpoint. An endpoint that leaves a port takes its counters with it.
+func (p *Proxier) Stats() []Stat {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	type key struct {
+		port model.PortID
+		fam  model.Family
+		ep   netip.AddrPort
+	}
+	sums := map[key]*Stat{}
+	for _, fr := range p.fronts {
+		pl := fr.current()
+		for _, b := range pl.backends {
+			k := key{pl.sp.ID, pl.sp.Family, b.addr}
+			s := sums[k]
+			if s == nil {
+				s = &Stat{Port: k.port, Family: k.fam, Endpoint: k.ep}
+				sums[k] = s
+			}
+			s.Active += b.active.Load()
+			s.Total += b.total.Load()
+			s.Retries += b.retries.Load()
+			s.ConnectErrors += b.connectErrors.Load()
+			s.BytesIn += b.bytesIn.Load()
+			s.BytesOut += b.bytesOut.Load()
+		}
+	}
+	out := make([]Stat, 0, len(sums))
+	for _, s := range sums {
+		out = append(out, *s)
+	}
+	slices.SortFunc(out, func(a, b Stat) int {
+		if a.Port != b.Port {
+			if a.Port.Less(b.Port) {
+				return -1
+			}
+			return 1
+		}
+		if a.Family != b.Family {
+			return int(a.Family) - int(b.Family)
+		}
+		return a.Endpoint.Compare(b.Endpoint)
+	})
+	return out
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -152,8 +153,25 @@ func TestRoundRobinAndDeadEndpoint(t *testing.T) {
 			t.Fatalf("connections went to %v, want a, b, c in turn", got)
 		}
 	}
-	if n := p.stats[svc.ID].connectErrors.Load(); n != 1 {
-		t.Errorf("%d connect errors, want 1 (then the dead endpoint backs off)", n)
+	// The relays end (and count their bytes) as the servers close.
+	var stats []Stat
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		stats = p.Stats()
+		if slices.ContainsFunc(stats, func(s Stat) bool { return s.Endpoint == b && s.BytesOut == 6 }) {
+			break
+		}
+	}
+	for _, st := range stats {
+		switch st.Endpoint {
+		case dead:
+			if st.ConnectErrors != 1 || st.Total != 0 {
+				t.Errorf("dead endpoint: %d connect errors, %d relays; want 1 (then it backs off) and none", st.ConnectErrors, st.Total)
+			}
+		case b:
+			if st.Total != 3 || st.Retries != 1 || st.BytesOut != 6 || st.Port != svc.ID {
+				t.Errorf("endpoint b: %+v; want 3 relays, 1 after a retry, 6 bytes from it", st)
+			}
+		}
 	}
 }
 
