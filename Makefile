@@ -5,7 +5,7 @@ BIN     ?= bin
 GOFLAGS ?=
 FUZZTIME ?= 20s
 
-.PHONY: all build test unit fuzz e2e e2e-etcd34 e2e-long e2e-ipvs bench bench-scale bench-ipvs bench-smoke lint demo ci clean testbed-deps
+.PHONY: all build test unit fuzz e2e e2e-etcd34 e2e-long e2e-ipvs bench bench-scale bench-ipvs bench-relay bench-smoke lint demo ci clean testbed-deps
 
 all: build
 
@@ -87,6 +87,14 @@ BENCH_ENV  = KPROXY_BENCH=1 BENCH_SERVICES=$(SERVICES) BENCH_ENDPOINTS=$(ENDPOIN
 bench-scale: build testbed-deps
 	$(BENCH_ENV) BENCH_COMMAND="make bench-scale SERVICES=$(SERVICES) ENDPOINTS=$(ENDPOINTS) MODE=$(MODE) PROXY=$(PROXY) RUNS=$(RUNS) IDLE=$(IDLE)" \
 		$(GO) test -tags e2e -run TestScale -count=1 -v -timeout 180m ./test/bench/
+
+## the userspace mode's relays against nftables mode on one bed (root):
+## request latency and rate on new connections, one connection's upload
+## rate, RSS per open connection (test/bench/relay_test.go)
+bench-relay: build testbed-deps
+	KPROXY_RELAY_BENCH=1 BENCH_SERVICES=$(SERVICES) BENCH_ENDPOINTS=$(ENDPOINTS) BENCH_DP_SECONDS=10 \
+		KPROXY_BIN=$(abspath $(BIN))/kproxy KPROXY_ECHO=$(abspath $(BIN))/kproxy-echo \
+		$(GO) test -tags e2e -run TestRelayFigures -count=1 -v -timeout 30m ./test/bench/
 
 ## the scale benchmark in IPVS mode, in the VM (test/vm; TCG, so its figures
 ## compare kproxy with upstream, not with the host's modes): figures into
