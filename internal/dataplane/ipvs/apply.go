@@ -19,6 +19,11 @@ import (
 const (
 	flagPersistent = 0x1
 	flagHashed     = 0x2 // set by the kernel on every service it holds
+	// flagMHFallback (IP_VS_SVC_F_SCHED1 under the mh scheduler): a client
+	// whose bucket's real server is unavailable (weight 0 while it drains,
+	// as kproxy and upstream keep a server that goes) is sent to another
+	// instead of refused.
+	flagMHFallback = 0x8
 )
 
 var protoNums = map[model.Protocol]uint16{model.TCP: syscall.IPPROTO_TCP, model.UDP: syscall.IPPROTO_UDP, model.SCTP: syscall.IPPROTO_SCTP}
@@ -50,13 +55,17 @@ func service(vs *virtualServer) *libipvs.Service {
 	if vs.timeout > 0 {
 		s.Flags, s.Timeout = flagPersistent, vs.timeout
 	}
+	if vs.scheduler == "mh" {
+		s.Flags |= flagMHFallback
+	}
 	return s
 }
 
 // sameService reports whether the kernel's service has what vs asks for.
 func sameService(k *libipvs.Service, vs *virtualServer) bool {
 	want := service(vs)
-	return k.SchedName == want.SchedName && k.Flags&flagPersistent == want.Flags&flagPersistent &&
+	const mine = flagPersistent | flagMHFallback
+	return k.SchedName == want.SchedName && k.Flags&mine == want.Flags&mine &&
 		(want.Flags&flagPersistent == 0 || k.Timeout == want.Timeout)
 }
 

@@ -303,3 +303,17 @@ func TestDriftedWhenDummyGoes(t *testing.T) {
 		t.Error("the sync after the drift did not repair kube-ipvs0")
 	}
 }
+
+// TestSourceHashFallsBack: source-hash is the mh scheduler with its
+// fallback flag, so that a client whose real server drains (weight 0) is
+// sent elsewhere rather than refused.
+func TestSourceHashFallsBack(t *testing.T) {
+	sp := dptest.Svc("ns", "sh", "198.19.0.40", 80, dptest.WithBalancing(model.BalanceSourceHash), dptest.WithEPs(dptest.EP("198.18.64.10", 8080, true)))
+	vs := &virtualServer{scheduler: scheduler(sp, "")}
+	if s := service(vs); s.SchedName != "mh" || s.Flags&flagMHFallback == 0 {
+		t.Errorf("source-hash virtual server: scheduler %q, flags %#x; want mh with the fallback flag", s.SchedName, s.Flags)
+	}
+	if s := service(&virtualServer{scheduler: "rr"}); s.Flags&flagMHFallback != 0 {
+		t.Errorf("rr virtual server has the mh flag: %#x", s.Flags)
+	}
+}
