@@ -94,21 +94,7 @@ func testUserspaceBalancing(t *testing.T, c *cluster, f family) {
 	for i, proto := range []string{echo.ProtoTCP, echo.ProtoUDP} {
 		r := req(proto, vip, 80)
 		waitForPods(t, c.exited, from.Netns, r, c.pods...)
-		var order []string
-		for j := range 6 * len(c.pods) {
-			if proto == echo.ProtoUDP {
-				// A UDP session is a client address and port, as a
-				// conntrack flow is: new ports the kernel has not handed
-				// out for the warm-up make new sessions.
-				r.Src = netip.AddrPortFrom(podIP(from, f), uint16(42000+100*i+j))
-			}
-			res := from.Netns.Send(context.Background(), r)
-			if !res.OK() {
-				t.Fatalf("round-robin %s: %v", proto, res)
-			}
-			order = append(order, res.Reply.Pod)
-		}
-		checkInTurn(t, "round-robin "+proto, order, len(c.pods))
+		checkInTurn(t, "round-robin "+proto, inTurnRequests(t, from, r, f, 6*len(c.pods), uint16(42000+100*i)), len(c.pods))
 	}
 
 	lc := c.api.createAnnotatedService(svcName("uslc", f), v1.ServiceTypeClusterIP, map[string]string{objects.AnnotationLoadBalancing: "least-connections"})
