@@ -115,6 +115,13 @@ func (p *ServicePort) SourceHashPick(eps []*Endpoint, client netip.Addr) *Endpoi
 	if table == nil {
 		return nil
 	}
-	b := jhash.Bucket(client.Unmap().AsSlice(), p.SourceHashSeed(), uint32(len(table)))
-	return eps[table[b]]
+	return eps[SourceHashIndex(table, p.SourceHashSeed(), client)]
+}
+
+// SourceHashIndex is the index, in the endpoint list table was made from,
+// of client's endpoint: table[jhash(client) mod len(table)]. For callers
+// that keep the table and seed of a port (one per connection would
+// rebuild the table each time).
+func SourceHashIndex(table []int32, seed uint32, client netip.Addr) int {
+	return int(table[jhash.Bucket(client.Unmap().AsSlice(), seed, uint32(len(table)))])
 }

@@ -56,7 +56,10 @@ const maxBackoff = time.Minute
 type pool struct {
 	sp       *model.ServicePort
 	backends []*backend
-	eps      []*model.Endpoint // the model's, for source-hash
+	// table and seed are source-hash's (model.SourceHashTable of the
+	// endpoints, in backends' order); nil for the other algorithms.
+	table []int32
+	seed  uint32
 	// drop refuses every client; ranges, when set, those outside it.
 	drop   bool
 	ranges []netip.Prefix
@@ -152,12 +155,7 @@ func (p *pool) choose(client netip.Addr, now time.Time) int {
 		}
 		return start
 	case model.BalanceSourceHash:
-		ep := p.sp.SourceHashPick(p.eps, client)
-		for i, b := range p.backends {
-			if b.addr == ep.AddrPort() {
-				return i
-			}
-		}
+		return model.SourceHashIndex(p.table, p.seed, client)
 	}
 	i := rand.IntN(n)
 	for k := range n {
@@ -216,7 +214,10 @@ func (a *affinityTable) set(client netip.Addr, to netip.AddrPort, now time.Time)
 // timeout is the same.
 func newPool(spec frontendSpec, prev *pool) *pool {
 	sp, eps := spec.sp, spec.eps
-	p := &pool{sp: sp, eps: eps, drop: spec.drop, ranges: spec.ranges}
+	p := &pool{sp: sp, drop: spec.drop, ranges: spec.ranges}
+	if sp.Balancing == model.BalanceSourceHash {
+		p.table, p.seed = model.SourceHashTable(eps), sp.SourceHashSeed()
+	}
 	old := map[netip.AddrPort]*backend{}
 	if prev != nil {
 		for _, b := range prev.backends {
