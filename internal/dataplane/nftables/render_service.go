@@ -132,33 +132,36 @@ func (r *renderer) endpointChain(c *portCtx, prefix string, eps []*model.Endpoin
 // endpoint-ranges map is that endpoint's, records them and DNATs. The
 // block index is part of the chain's name, as for mappedChain.
 func (r *renderer) hashedChain(c *portCtx, prefix string, eps []*model.Endpoint, rules []rule) (string, bool) {
-	key := prefix + " " + c.human
-	b, ok := r.slots.get(key, c.proto)
-	if !ok {
-		return "", false
-	}
-	c.ps.Blocks = append(c.ps.Blocks, key)
-	d := r.fillBlock(c, b, eps)
-	for _, ep := range eps {
-		rules = append(rules, append(rule{mapIs{m: d, to: ep.AddrPort()}}, r.dnat(c, ep)...))
-	}
-	ch := &chain{Rules: rules, Name: contentName(prefix, c.human+blockSuffix(b), rules...)}
-	c.ps.Chains = append(c.ps.Chains, ch)
-	return ch.Name, true
+	return r.blockChain(c, prefix, eps, func(d dnatMap) []rule {
+		for _, ep := range eps {
+			rules = append(rules, append(rule{mapIs{m: d, to: ep.AddrPort()}}, r.dnat(c, ep)...))
+		}
+		return rules
+	})
 }
 
 // mappedChain renders a policy chain whose endpoints are ranges of its
 // block of an endpoint-ranges map; the block index is part of the chain's
 // name (a restart recovers it from there).
 func (r *renderer) mappedChain(c *portCtx, prefix string, eps []*model.Endpoint) (string, bool) {
+	return r.blockChain(c, prefix, eps, func(d dnatMap) []rule {
+		return []rule{{protoCmp{proto: c.proto}, d}}
+	})
+}
+
+// blockChain gives the policy chain prefix of c a block of an
+// endpoint-ranges map, fills it with eps (fillBlock) and renders the chain
+// of the rules rules makes from the block's map DNAT; false when the map
+// has no block left.
+func (r *renderer) blockChain(c *portCtx, prefix string, eps []*model.Endpoint, rules func(dnatMap) []rule) (string, bool) {
 	key := prefix + " " + c.human
 	b, ok := r.slots.get(key, c.proto)
 	if !ok {
 		return "", false
 	}
 	c.ps.Blocks = append(c.ps.Blocks, key)
-	pick := rule{protoCmp{proto: c.proto}, r.fillBlock(c, b, eps)}
-	ch := &chain{Rules: []rule{pick}, Name: contentName(prefix, c.human+blockSuffix(b), pick)}
+	rs := rules(r.fillBlock(c, b, eps))
+	ch := &chain{Rules: rs, Name: contentName(prefix, c.human+blockSuffix(b), rs...)}
 	c.ps.Chains = append(c.ps.Chains, ch)
 	return ch.Name, true
 }

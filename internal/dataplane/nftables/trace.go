@@ -246,6 +246,13 @@ func (tr *tracer) step(st *trace.Branch, s stmt, depth int) (ok bool, v string) 
 // endpoint; no range (no endpoints) DNATs nothing. The ranges must tile the
 // block with sizes differing by at most one key: a uniform choice.
 func (tr *tracer) mappedDNAT(st *trace.Branch, d dnatMap) (bool, string) {
+	if d.gen == genHash {
+		// One endpoint: the client's bucket's.
+		if v, ok := tr.hashedValue(st, d); ok {
+			return tr.dnatValue(st, v)
+		}
+		return false, ""
+	}
 	m, base := uint64(d.mod), uint64(d.offset)
 	type rng struct {
 		first, last uint64
@@ -265,12 +272,6 @@ func (tr *tracer) mappedDNAT(st *trace.Branch, d dnatMap) (bool, string) {
 		return false, ""
 	}
 	slices.SortFunc(rs, func(a, b rng) int { return int(a.first - b.first) })
-	if d.gen == genHash {
-		if v, ok := tr.hashedValue(st, d); ok {
-			return tr.dnatValue(st, v)
-		}
-		return false, ""
-	}
 	next := base
 	for _, r := range rs {
 		size := r.last - r.first + 1
