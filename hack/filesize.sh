@@ -8,7 +8,7 @@ ALLOW=()
 bad=0
 while read -r n f; do
 	[ "$f" = total ] && continue
-	if [ "$n" -gt "$MAX" ] && ! printf '%s\n' "${ALLOW[@]}" | grep -qx "$f"; then
+	if [ "$n" -gt "$MAX" ] && ! printf '%s\n' "${ALLOW[@]}" | grep -x "$f" >/dev/null; then
 		echo "filesize: $f has $n lines (limit $MAX; see hack/filesize.sh)"
 		bad=1
 	fi

@@ -51,5 +51,6 @@ if [ "${#stale[@]}" -gt 0 ]; then
   echo "build-apiserver: built in $(( $(date +%s) - start ))s"
 fi
 "$out/kube-apiserver" --version
-"$out/etcd" --version | head -1
+# sed reads to the end: head would leave etcd a closed pipe (SIGPIPE under pipefail).
+"$out/etcd" --version | sed -n 1p
 echo "$out"

@@ -42,7 +42,7 @@ mkdir -p "$cache"
 # --- the kernel ---------------------------------------------------------------
 kernel_pkg() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}' || true; }
 pkg=$(kernel_pkg)
-if [ -z "$pkg" ] && [ "$(id -u)" = 0 ] && ! ls "$cache" 2>/dev/null | grep -q '^linux-image-'; then
+if [ -z "$pkg" ] && [ "$(id -u)" = 0 ] && ! compgen -G "$cache/linux-image-*" >/dev/null; then
   log "no package lists: apt-get update"
   apt-get update -qq >/dev/null 2>&1 || true
   pkg=$(kernel_pkg)
