@@ -141,7 +141,7 @@ type Excluded struct {
 type Input struct {
 	Snapshot *model.Snapshot
 	Config   dataplane.Config
-	// Mode is the proxy mode: nftables, iptables or ipvs.
+	// Mode is the proxy mode: nftables, iptables, ipvs or userspace.
 	Mode string
 	// NodeAddrs are the node's own addresses (the Node object's and
 	// Config.NodeIPs when empty).
@@ -173,6 +173,10 @@ func Explain(in Input, req Request) (*Answer, error) {
 		a.Verdict, a.Reason = NotProxied, fmt.Sprintf("kproxy does not proxy %s on this node", fam)
 		return a, nil
 	}
+	if in.Mode == modeUserspace && req.Protocol == model.SCTP {
+		a.Verdict, a.Reason = NotProxied, "the userspace mode does not relay SCTP: the node routes it as any packet"
+		return a, nil
+	}
 	port, frontend := e.match(snap.Family(fam), req.Protocol, to)
 	if port == nil {
 		e.unmatched(snap, fam, to)
@@ -182,6 +186,11 @@ func Explain(in Input, req Request) (*Answer, error) {
 	e.service(port, frontend)
 	return a, nil
 }
+
+// modeUserspace is the mode in which kproxy relays connections itself: no
+// DNAT, and what upstream rejects or drops is a socket that is not there
+// (refused) or one that turns the client away.
+const modeUserspace = "userspace"
 
 type explainer struct {
 	in        Input
@@ -341,6 +350,8 @@ func (e *explainer) unmatched(snap *model.Snapshot, fam model.Family, to netip.A
 		switch {
 		case e.in.Mode == "ipvs":
 			a.Verdict, a.Reason = Reject, what+": rejected (IPVS mode rejects new connections to a Service IP on a port no Service has)"
+		case e.in.Mode == modeUserspace:
+			a.Verdict, a.Reason = Reject, what+": refused (the address is the node's, on kproxy0, and no socket listens on the port)"
 		case e.in.Mode == "nftables" && e.isClusterIP(snap, fam, to.Addr()):
 			a.Verdict, a.Reason = Reject, what+": rejected (nftables mode rejects a ClusterIP's unknown ports, as upstream)"
 		default:
@@ -378,6 +389,7 @@ func (e *explainer) service(p *model.ServicePort, frontend string) {
 		} else {
 			e.step("loadBalancerSourceRanges", "%s is in none of %s", a.From, prefixes(p.SourceRanges))
 			a.Verdict, a.Reason = Drop, "the client is outside the Service's loadBalancerSourceRanges: dropped"
+			e.turnedAway()
 			return
 		}
 	}
@@ -391,6 +403,10 @@ func (e *explainer) service(p *model.ServicePort, frontend string) {
 		return
 	}
 	a.Verdict = Forward
+	to := "DNAT to"
+	if e.in.Mode == modeUserspace {
+		to = "kproxy relays each connection to"
+	}
 	for _, ep := range eps {
 		a.Endpoints = append(a.Endpoints, Choice{Endpoint: ep.AddrPort(), Probability: 1 / float64(len(eps)), Local: ep.IsLocal, State: state(ep)})
 	}
@@ -400,14 +416,17 @@ func (e *explainer) service(p *model.ServicePort, frontend string) {
 		a.Scheduler = scheduler(e.in, p)
 		a.Reason = fmt.Sprintf("DNAT to one of %d endpoint(s), chosen by IPVS's %s scheduler", len(eps), a.Scheduler)
 	case p.Balancing == model.BalanceRoundRobin:
-		a.Reason = fmt.Sprintf("DNAT to one of %d endpoint(s) in turn (round-robin): each new connection takes the next", len(eps))
+		a.Reason = fmt.Sprintf("%s one of %d endpoint(s) in turn (round-robin): each new connection takes the next", to, len(eps))
 	case p.Balancing == model.BalanceSourceHash:
 		ep := p.SourceHashPick(eps, a.From)
 		a.Endpoints = []Choice{{Endpoint: ep.AddrPort(), Probability: 1, Local: ep.IsLocal, State: state(ep)}}
-		a.Reason = fmt.Sprintf("DNAT to %s: source-hash sends every new connection from %s there (its bucket of the Service's %d-bucket table over %d endpoint(s))",
-			ep.AddrPort(), a.From, model.SourceHashSize(len(eps)), len(eps))
+		a.Reason = fmt.Sprintf("%s %s: source-hash sends every new connection from %s there (its bucket of the Service's %d-bucket table over %d endpoint(s))",
+			to, ep.AddrPort(), a.From, model.SourceHashSize(len(eps)), len(eps))
 	default:
-		a.Reason = fmt.Sprintf("DNAT to one of %d endpoint(s) at random, each with probability 1/%d", len(eps), len(eps))
+		a.Reason = fmt.Sprintf("%s one of %d endpoint(s) at random, each with probability 1/%d", to, len(eps), len(eps))
+	}
+	if e.in.Mode == modeUserspace && p.Balancing == model.BalanceLeastConnections {
+		a.Reason = fmt.Sprintf("%s the one of %d endpoint(s) with the fewest open relays (least-connections)", to, len(eps))
 	}
 	if p.AffinityTimeout > 0 {
 		a.Affinity = p.AffinityTimeout
@@ -438,12 +457,40 @@ func (e *explainer) policy(p *model.ServicePort, frontend string) (eps []*model.
 		e.step("externalTrafficPolicy", "Cluster: every usable endpoint")
 		return p.ClusterEndpoints, false
 	}
-	if e.in.Mode != "ipvs" && (a.Source == SourceNode || (a.Source == SourceLocalPod || a.Source == SourceCluster) && e.isLocal()) {
+	if e.shortCircuits() {
 		e.step("externalTrafficPolicy", "Local, but the client is %s: short-circuited to every usable endpoint, as upstream does", sourceWords(a.Source))
 		return p.ClusterEndpoints, false
 	}
 	e.step("externalTrafficPolicy", "Local: only endpoints on this node (the client's address is kept)")
 	return p.LocalEndpoints, true
+}
+
+// shortCircuits reports whether externalTrafficPolicy Local gives this
+// client every endpoint: the node itself, and the pods detect-local tells
+// (in the userspace mode only by address: a socket does not see the input
+// interface). IPVS mode has no short-circuit.
+func (e *explainer) shortCircuits() bool {
+	a := e.a
+	pod := (a.Source == SourceLocalPod || a.Source == SourceCluster) && e.isLocal()
+	switch e.in.Mode {
+	case "ipvs":
+		return false
+	case modeUserspace:
+		m := e.localMode()
+		pod = pod && (m == dataplane.LocalClusterCIDR || m == dataplane.LocalNodeCIDR)
+	}
+	return a.Source == SourceNode || pod
+}
+
+// turnedAway rewords a drop for the userspace mode, where a socket takes
+// the traffic: a UDP datagram is dropped, a TCP client reset.
+func (e *explainer) turnedAway() {
+	a := e.a
+	if e.in.Mode == modeUserspace && a.Protocol == model.TCP {
+		a.Verdict = Reject
+		before, _, _ := strings.Cut(a.Reason, ": dropped")
+		a.Reason = before + ": kproxy accepts the connection and resets it (a socket cannot drop a SYN)"
+	}
 }
 
 func sourceWords(s string) string {
@@ -464,10 +511,13 @@ func (e *explainer) noEndpoints(p *model.ServicePort, local bool) {
 	switch {
 	case !p.HasEndpoints:
 		a.Verdict, a.Reason = Reject, "the Service port has no endpoints that can serve (ready, or serving and terminating): rejected"
+	case e.in.Mode == modeUserspace && !local:
+		a.Verdict, a.Reason = Reject, "the Service port has endpoints but none is usable (none ready or serving): no socket listens, so the kernel refuses it (upstream drops it)"
 	case e.in.Mode == "ipvs":
 		a.Verdict, a.Reason = Reject, "no usable endpoint for this traffic: the virtual server has no real server, which IPVS rejects"
 	case local:
 		a.Verdict, a.Reason = Drop, "the policy is Local and no usable endpoint is on this node: dropped (as upstream)"
+		e.turnedAway()
 	default:
 		a.Verdict, a.Reason = Drop, "the Service port has endpoints but none is usable (none ready or serving): dropped (as upstream)"
 	}
@@ -523,6 +573,9 @@ func (e *explainer) masquerade(p *model.ServicePort, frontend string, local bool
 	cfg := e.in.Config
 	hairpin := slices.ContainsFunc(a.Endpoints, func(c Choice) bool { return c.Endpoint.Addr() == a.From })
 	switch {
+	case e.in.Mode == modeUserspace:
+		a.Masquerade, a.MasqueradeReason = true, "the userspace mode connects to the endpoint from the node: the endpoint sees the node's address, never the client's"
+		return
 	case cfg.MasqueradeAll:
 		a.Masquerade, a.MasqueradeReason = true, "masqueradeAll is set"
 	case frontend == FrontendClusterIP && e.localMode() == dataplane.LocalNone:

@@ -67,7 +67,7 @@ func input(svcs map[string][]objects.Endpoint, opts map[string][]svcOpt) model.I
 		}
 		in.Services[s.Key()] = s
 		in.Slices[s.Key()] = []*objects.EndpointSlice{{Namespace: "ns", Name: name + "-1", ServiceName: name, AddressType: "IPv4",
-			Ports: []objects.EndpointPort{{Name: "http", Protocol: "TCP", Port: 8080}}, Endpoints: eps}}
+			Ports: []objects.EndpointPort{{Name: "http", Protocol: s.Ports[0].Protocol, Port: 8080}}, Endpoints: eps}}
 	}
 	return in
 }
@@ -106,6 +106,7 @@ func TestExplain(t *testing.T) {
 	etpLocal := func(s *objects.Service) { s.ExternalTrafficPolicy = "Local" }
 	itpLocal := func(s *objects.Service) { s.InternalTrafficPolicy = "Local" }
 	ranges := func(s *objects.Service) { s.LoadBalancerSourceRanges = []string{"198.18.100.0/24"} }
+	udp := func(s *objects.Service) { s.Ports[0].Protocol = "UDP" }
 	affinity := func(s *objects.Service) { s.SessionAffinity = "ClientIP"; s.SessionAffinityTimeout = 60 }
 	for _, tc := range []struct {
 		name     string
@@ -216,6 +217,32 @@ func TestExplain(t *testing.T) {
 		name: "udp is another port", svcs: map[string][]objects.Endpoint{"a": two}, proto: model.UDP,
 		from: "198.18.17.10", to: "198.18.130.1:80",
 		verdict: Reject, reason: "80/tcp",
+	}, {
+		name: "userspace relays, from the node's address", svcs: map[string][]objects.Endpoint{"a": two}, mode: "userspace",
+		from: "198.18.17.10", to: "198.18.130.1:80",
+		verdict: Forward, frontend: FrontendClusterIP, endpoints: []string{"198.18.17.10:8080", "198.18.18.10:8080"}, masq: true, reason: "kproxy relays",
+	}, {
+		name: "userspace resets a TCP client outside the source ranges", svcs: map[string][]objects.Endpoint{"a": two}, opts: map[string][]svcOpt{"a": {withLB, ranges}}, mode: "userspace",
+		from: "198.18.101.1", to: "198.18.64.10:80",
+		verdict: Reject, frontend: FrontendLoadBalancer, reason: "resets",
+	}, {
+		name: "userspace drops a UDP client of Local without a local endpoint", svcs: map[string][]objects.Endpoint{"a": {ep("198.18.18.10", "node2", true)}},
+		opts: map[string][]svcOpt{"a": {etpLocal, udp}}, mode: "userspace", proto: model.UDP,
+		from: "198.18.100.1", to: "198.18.0.11:30001",
+		verdict: Drop, frontend: FrontendNodePort, reason: "Local",
+	}, {
+		name: "userspace short-circuits the node under ETP Local", svcs: map[string][]objects.Endpoint{"a": {ep("198.18.18.10", "node2", true)}}, opts: map[string][]svcOpt{"a": {etpLocal}}, mode: "userspace",
+		from: "198.18.0.11", to: "198.18.0.11:30001",
+		verdict: Forward, frontend: FrontendNodePort, endpoints: []string{"198.18.18.10:8080"}, masq: true,
+	}, {
+		name: "userspace cannot tell pods by interface", svcs: map[string][]objects.Endpoint{"a": {ep("198.18.18.10", "node2", true)}}, opts: map[string][]svcOpt{"a": {etpLocal}}, mode: "userspace",
+		cfg:  cfg(func(c *dataplane.Config) { c.LocalMode = dataplane.LocalBridgeInterface; c.BridgeInterface = "cbr0" }),
+		from: "198.18.17.10", to: "198.18.0.11:30001",
+		verdict: Reject, frontend: FrontendNodePort, reason: "resets",
+	}, {
+		name: "userspace refuses an unknown port", svcs: map[string][]objects.Endpoint{"a": two}, mode: "userspace",
+		from: "198.18.17.10", to: "198.18.130.1:81",
+		verdict: Reject, reason: "no socket",
 	}, {
 		name: "address no Service has", svcs: map[string][]objects.Endpoint{"a": two},
 		from: "198.18.17.10", to: "198.18.99.1:80",

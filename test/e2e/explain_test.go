@@ -39,7 +39,7 @@ func (b *fbed) explainOn(t *testing.T, node *netbed.Node, from netip.Addr, r ech
 	// packet traced through the node's kernel rules must agree with
 	// kproxy's rules (and with the answer) right after traffic went.
 	var extra []string
-	verify := b.mode != "ipvs" && !isUpstream()
+	verify := b.verifies()
 	if verify {
 		extra = append(extra, "--verify")
 	}

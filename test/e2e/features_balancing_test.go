@@ -183,7 +183,9 @@ func testBalancingSourceHash(t *testing.T, b *fbed, f family) {
 	eventuallyOK(t, b.bed.Client(), req(echo.ProtoTCP, dst.Addr(), dst.Port()))
 	clients := b.addHashClients(t, f)
 	before := b.hashedPods(t, clients, dst)
-	if b.mode == "nftables" {
+	// The userspace mode hashes as nftables mode's kernel does.
+	predicts := b.mode == "nftables" || b.mode == "userspace"
+	if predicts {
 		if want := predictedPods(b.api.ns, svc.Name, b.pods, clients, f); !maps.Equal(before, want) {
 			t.Fatalf("clients reached %v; kproxy's model predicts %v", before, want)
 		}
@@ -225,7 +227,7 @@ func testBalancingSourceHash(t *testing.T, b *fbed, f family) {
 	if limit := len(clients) / 10; movedOthers > limit {
 		t.Errorf("%d of %d clients of the remaining pods moved, want at most %d (10 %%)", movedOthers, len(clients), limit)
 	}
-	if b.mode == "nftables" {
+	if predicts {
 		if want := predictedPods(b.api.ns, svc.Name, rest, clients, f); !maps.Equal(after, want) {
 			t.Errorf("after %s went, clients reached %v; kproxy's model predicts %v", gone.PodName, after, want)
 		}
@@ -278,8 +280,8 @@ func (b *fbed) expectEvent(t *testing.T, svc *v1.Service, reason, text string) {
 // the fewest open connections.
 func testBalancingLeastConnections(t *testing.T, b *fbed, f family) {
 	kproxyOnly(t, "the kproxy.io/load-balancing annotation is kproxy's")
-	if b.mode != "ipvs" {
-		t.Skipf("%s mode has no least-connections (IPVS's lc does it; see the README)", b.mode)
+	if b.mode != "ipvs" && b.mode != "userspace" {
+		t.Skipf("%s mode has no least-connections (IPVS's lc and the userspace mode do it; see the README)", b.mode)
 	}
 	svc := b.applyService(t, svcName("lc", f), v1.ServiceTypeClusterIP, withBalancing("least-connections"))
 	b.setSlices(t, svc.Name, nil, readyEPs(b.pods...))
@@ -310,6 +312,10 @@ func testBalancingLeastConnections(t *testing.T, b *fbed, f family) {
 	freed := []string{b.pods[1].PodName, b.pods[2].PodName}
 	for _, p := range freed {
 		_ = held[p].Reset()
+	}
+	if b.mode == "userspace" {
+		// The relay counts a connection out once it reads the reset.
+		time.Sleep(200 * time.Millisecond)
 	}
 	got := map[string]bool{}
 	for range freed {

@@ -64,7 +64,7 @@ func testUnknownPortRejected(t *testing.T, b *fbed, f family) {
 	waitForPods(t, b.exited, from, req(echo.ProtoTCP, vip, 80), b.pods...)
 	for _, proto := range []string{echo.ProtoTCP, echo.ProtoUDP} {
 		r := req(proto, vip, 82)
-		if b.mode == "nftables" {
+		if b.refusesUnknownPorts() {
 			b.expectRefused(t, from, r, f)
 			continue
 		}

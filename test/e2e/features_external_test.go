@@ -11,7 +11,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/kproxy/kproxy/internal/explain"
 	"github.com/kproxy/kproxy/test/testbed/netbed"
 	"github.com/kproxy/kproxy/test/testbed/netbed/echo"
 )
@@ -123,8 +122,8 @@ func testLoadBalancerSourceRanges(t *testing.T, b *fbed, f family) {
 	b.explainAgrees(t, b.node(0), b.clientAddr(f), req(echo.ProtoTCP, lb, 80), got)
 	out := req(echo.ProtoTCP, lb, 80)
 	out.Src = netip.AddrPortFrom(client2Addr(f), 0)
-	b.expectDropped(t, b.bed.Client(), out, f)
-	b.explainSays(t, b.node(0), client2Addr(f), out, explain.Drop)
+	b.expectTurnedAway(t, b.bed.Client(), out, f)
+	b.explainSays(t, b.node(0), client2Addr(f), out, b.turnedAway(out))
 	// The range check is on new connections only; in-range keeps working.
 	if r := b.bed.Client().Send(context.Background(), req(echo.ProtoTCP, lb, 80)); !r.OK() {
 		t.Errorf("in-range client after the out-of-range one: %s\n%s", r, redirectState(b.bed.Client(), b.node(0), b.clientAddr(f), lb))

@@ -233,7 +233,7 @@ func testRestartUnderTraffic(t *testing.T, b *fbed, f family) {
 
 // testFlushRepair (kproxy-only): deleting kproxy's nftables table,
 // flushing iptables' nat (and filter) table, or deleting kube-ipvs0 (IPVS
-// mode), is repaired within 5 s.
+// mode) or kproxy0 (userspace mode), is repaired within 5 s.
 func testFlushRepair(t *testing.T, b *fbed, f family) {
 	kproxyOnly(t, "upstream does not repair nftables state, and its iptables canary only notices deleted chains (mangle, polled every syncPeriod), not a flush")
 	svc := b.applyService(t, svcName("flush", f), v1.ServiceTypeClusterIP)
@@ -271,6 +271,9 @@ func (b *fbed) breakRules(t *testing.T, node *netbed.Node, f family, iptTable st
 	case "ipvs":
 		// Every Service IP goes with the dummy interface.
 		argv = []string{"ip", "link", "del", "kube-ipvs0"}
+	case "userspace":
+		// Every Service address goes with kproxy0; the sockets stay.
+		argv = []string{"ip", "link", "del", "kproxy0"}
 	}
 	if out, err := node.Run(context.Background(), argv...); err != nil {
 		t.Fatalf("%v: %v %s", argv, err, out)
@@ -299,7 +302,8 @@ func (b *fbed) waitRepaired(t *testing.T, ns *netbed.Netns, r echo.Request, ok f
 }
 
 // testCleanup: `kproxy --cleanup` in a node (kproxy stopped there) removes
-// every nftables table and KUBE-* iptables chain of kproxy and kube-proxy;
+// every nftables table and KUBE-* iptables chain of kproxy and kube-proxy,
+// and the interfaces of the IPVS and userspace modes;
 // kproxy then starts again on the cleaned node.
 func testCleanup(t *testing.T, b *fbed) {
 	node := b.node(1)
@@ -333,6 +337,11 @@ func testCleanup(t *testing.T, b *fbed) {
 				continue
 			}
 			t.Errorf("after --cleanup, iptables (ipv6=%v) still has chain %s", v6, l)
+		}
+	}
+	for _, dev := range []string{"kproxy0", "kube-ipvs0"} {
+		if out, _ := node.IP(ctx, "link", "show", "dev", dev); strings.Contains(out, dev) {
+			t.Errorf("after --cleanup the node still has %s:\n%s", dev, out)
 		}
 	}
 	if err := kp.Restart(); err != nil {

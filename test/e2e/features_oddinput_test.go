@@ -71,7 +71,7 @@ func testOddInput(t *testing.T, b *fbed, f family) {
 	// mode) the kernel's rules agree, that is, send to all of them.
 	eventually(t, b.exited, func() error {
 		var extra []string
-		if b.mode != "ipvs" && !isUpstream() {
+		if b.verifies() {
 			extra = append(extra, "--verify")
 		}
 		a, code, out := b.runExplain(t, b.node(0), podIP(b.pods[0], f), manyReq.Dst.String()+"/tcp", extra...)
@@ -156,7 +156,7 @@ func testOddInput(t *testing.T, b *fbed, f family) {
 	waitForPods(t, b.exited, from, req(echo.ProtoUDP, vip, 80), on2...)
 	// TCP to the port is now an unknown port: rejected in nftables mode,
 	// unanswered in the others (as testUnknownPortRejected says).
-	if b.mode == "nftables" {
+	if b.refusesUnknownPorts() {
 		b.expectRefused(t, from, req(echo.ProtoTCP, vip, 80), f)
 	} else {
 		eventually(t, b.exited, func() error {

@@ -54,6 +54,7 @@ func testExternalTrafficPolicyLocal(t *testing.T, b *fbed, f family) {
 	n1, n2 := b.node(0), b.node(1)
 	routeVia(t, b.bed.Client(), lb, n1, f)
 	client := b.clientAddr(f)
+	kept, keptWhat := b.sourceKept(client, n1)
 	np := nodePort(t, svc, "tcp")
 	for _, dst := range []netip.Addr{nodeAddr(n1, f), lb} {
 		for _, proto := range []string{echo.ProtoTCP, echo.ProtoUDP} {
@@ -66,7 +67,7 @@ func testExternalTrafficPolicyLocal(t *testing.T, b *fbed, f family) {
 			}
 			got := waitForPods(t, b.exited, b.bed.Client(), req(proto, dst, port), local...)
 			t.Logf("%s client -> %s:%d: %s", proto, dst, port, got)
-			checkSources(t, fmt.Sprintf("%s client -> %s:%d", proto, dst, port), got, isOneOf(client), "the client's "+client.String()+" (no SNAT)")
+			checkSources(t, fmt.Sprintf("%s client -> %s:%d", proto, dst, port), got, kept, keptWhat)
 			b.explainAgrees(t, n1, client, req(proto, dst, port), got)
 		}
 	}
@@ -83,8 +84,9 @@ func testExternalTrafficPolicyLocal(t *testing.T, b *fbed, f family) {
 		b.expectRefused(t, pod.Netns, req(echo.ProtoTCP, lb, 80), f)
 		return
 	}
-	b.expectDropped(t, b.bed.Client(), req(echo.ProtoTCP, nodeAddr(n2, f), np), f)
-	b.explainSays(t, n2, client, req(echo.ProtoTCP, nodeAddr(n2, f), np), explain.Drop)
+	viaN2 := req(echo.ProtoTCP, nodeAddr(n2, f), np)
+	b.expectTurnedAway(t, b.bed.Client(), viaN2, f)
+	b.explainSays(t, n2, client, viaN2, b.turnedAway(viaN2))
 
 	// Short-circuit: the node without local endpoints, and its pods, use
 	// the cluster's endpoints.
@@ -153,12 +155,12 @@ func testInternalTrafficPolicyLocal(t *testing.T, b *fbed, f family) {
 	b.setSlices(t, svc.Name, nil, readyEPs(on1...))
 	// Without local endpoints: dropped; upstream's IPVS mode answers (a
 	// virtual server without real servers) with ICMP port unreachable.
-	expect := b.expectDropped
+	expect := b.expectTurnedAway
 	if b.mode == "ipvs" {
 		expect = b.expectRefused
 	}
 	expect(t, on2[1].Netns, req(echo.ProtoTCP, vip, 80), f)
-	verdict := explain.Drop
+	verdict := b.turnedAway(req(echo.ProtoTCP, vip, 80))
 	if b.mode == "ipvs" {
 		verdict = explain.Reject
 	}
@@ -182,7 +184,8 @@ func testTerminatingEndpoints(t *testing.T, b *fbed, f family) {
 	b.setSlices(t, svc.Name, nil, []ep{{pod: a, state: epServingTerminating}, {pod: c}})
 	got := waitForPods(t, b.exited, b.bed.Client(), np, a)
 	t.Logf("client -> node1 NodePort (local endpoint only terminating): %s", got)
-	checkSources(t, "client -> NodePort (Local)", got, isOneOf(b.clientAddr(f)), "the client's (no SNAT)")
+	kept, keptWhat := b.sourceKept(b.clientAddr(f), b.node(0))
+	checkSources(t, "client -> NodePort (Local)", got, kept, keptWhat)
 	got = waitForPods(t, b.exited, from.Netns, req(echo.ProtoTCP, vip, 80), c)
 	t.Logf("pod -> ClusterIP (one ready, one terminating): %s", got)
 

@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"os"
 	"testing"
 )
 
@@ -11,7 +12,7 @@ import (
 // is shared by all cases; the cases that need other kproxy flags run last,
 // each after restarting kproxy with its flags, and --cleanup runs at the end.
 func TestFeatures(t *testing.T) {
-	for _, mode := range modes() {
+	for _, mode := range featureModes() {
 		t.Run(mode, func(t *testing.T) {
 			b := &fbed{cluster: newCluster(t, mode), top: t}
 			b.ensureClient2(t)
@@ -19,6 +20,9 @@ func TestFeatures(t *testing.T) {
 				t.Run(f.name, func(t *testing.T) {
 					for _, tc := range featureCases {
 						t.Run(tc.name, func(t *testing.T) {
+							if why, ok := notInMode[mode][tc.name]; ok {
+								t.Skipf("not in %s mode: %s", mode, why)
+							}
 							tc.run(t, b, f)
 							b.checkKproxysRunning(t)
 						})
@@ -29,6 +33,9 @@ func TestFeatures(t *testing.T) {
 				t.Run(v.name, func(t *testing.T) {
 					if v.mode != "" && v.mode != mode {
 						t.Skipf("%s mode only", v.mode)
+					}
+					if why, ok := notInMode[mode][v.name]; ok {
+						t.Skipf("not in %s mode: %s", mode, why)
 					}
 					if v.setup != nil {
 						v.setup(t, b)
@@ -48,6 +55,35 @@ func TestFeatures(t *testing.T) {
 			t.Run("Cleanup", func(t *testing.T) { testCleanup(t, b) })
 		})
 	}
+}
+
+// featureModes are the modes of TestFeatures: KPROXY_E2E_MODES when set,
+// else the traffic cases' modes and, for kproxy, its userspace mode.
+func featureModes() []string {
+	if os.Getenv("KPROXY_E2E_MODES") != "" || isUpstream() {
+		return modes()
+	}
+	return append(modes(), "userspace")
+}
+
+// notInMode lists, per mode, the cases (and variants) that test what the
+// mode does not have, and why; the README's userspace section says the
+// same. The other cases hold in the mode as they are, or say inline where
+// its answer differs (a reset for a drop, the node's address as source).
+var notInMode = map[string]map[string]string{
+	"userspace": {
+		"SCTP":                           "the userspace mode relays TCP and UDP only",
+		"MasqueradeDefaults":             "no NAT: every endpoint sees the relaying node's address",
+		"DetectLocalClusterCIDR":         "no masquerade decision to detect local traffic for",
+		"DetectLocalNodeCIDR":            "no masquerade decision to detect local traffic for",
+		"DetectLocalBridgeInterface":     "no masquerade decision to detect local traffic for",
+		"DetectLocalInterfaceNamePrefix": "no masquerade decision to detect local traffic for",
+		"MasqueradeAll":                  "no NAT: every endpoint sees the relaying node's address",
+		"RestartUnderTraffic":            "the relays live in the process: a restart ends open connections (overlapping processes hand over the listeners)",
+		"CrashUnderChurn":                "compares kernel rule sets; the mode keeps its state in sockets",
+		"Verify":                         "explain --verify traces netfilter rules; the mode has none",
+		"ServiceTrafficMetrics":          "counts netfilter rule hits; the mode's own relay metrics are kproxy_userspace_*",
+	},
 }
 
 // featureCases run with the suite's kproxy flags, for both families.

@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/kproxy/kproxy/internal/explain"
 	"github.com/kproxy/kproxy/test/testbed/controlplane"
 	"github.com/kproxy/kproxy/test/testbed/netbed"
 	"github.com/kproxy/kproxy/test/testbed/netbed/echo"
@@ -144,6 +145,47 @@ func (b *fbed) expectDropped(t *testing.T, ns *netbed.Netns, r echo.Request, f f
 	t.Helper()
 	r.Timeout = dropTimeout(f)
 	waitForKind(t, b.exited, ns, r, echo.KindTimeout, r.Timeout+500*time.Millisecond, 1)
+}
+
+// expectTurnedAway is expectDropped for a client upstream drops, in
+// kproxy's userspace mode: its socket takes a TCP connection, then resets
+// it (a socket cannot drop a SYN); a UDP datagram is dropped.
+func (b *fbed) expectTurnedAway(t *testing.T, ns *netbed.Netns, r echo.Request, f family) {
+	t.Helper()
+	if b.mode != "userspace" || r.Proto == echo.ProtoUDP {
+		b.expectDropped(t, ns, r, f)
+		return
+	}
+	r.Timeout = dropTimeout(f)
+	waitForKind(t, b.exited, ns, r, echo.KindReset, r.Timeout+500*time.Millisecond, 1)
+}
+
+// turnedAway is explain's verdict for what expectTurnedAway expects.
+func (b *fbed) turnedAway(r echo.Request) explain.Verdict {
+	if b.mode == "userspace" && r.Proto != echo.ProtoUDP {
+		return explain.Reject
+	}
+	return explain.Drop
+}
+
+// refusesUnknownPorts says whether the mode refuses a Service IP's ports
+// no Service has: nftables (upstream's cluster-ips-check) and userspace
+// (no socket on a local address); the others let them pass unanswered.
+func (b *fbed) refusesUnknownPorts() bool { return b.mode == "nftables" || b.mode == "userspace" }
+
+// sourceKept says which source an endpoint sees of client's traffic that
+// keeps it (externalTrafficPolicy Local): the client's own, or in the
+// userspace mode, an address of via, the relaying node.
+func (b *fbed) sourceKept(client netip.Addr, via *netbed.Node) (func(netip.Addr) bool, string) {
+	if b.mode == "userspace" {
+		return isOneOf(nodeOwnAddrs(via)...), via.Spec.Name + "'s address (the userspace mode relays)"
+	}
+	return isOneOf(client), "the client's " + client.String() + " (no SNAT)"
+}
+
+// verifies says whether explain --verify applies: the netfilter modes.
+func (b *fbed) verifies() bool {
+	return (b.mode == "nftables" || b.mode == "iptables") && !isUpstream()
 }
 
 // expectRefused waits until req from ns is rejected fast, and checks that

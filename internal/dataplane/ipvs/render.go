@@ -66,7 +66,7 @@ func render(cfg dataplane.Config, fs *model.FamilySnapshot, node model.NodeInfo,
 	for _, s := range setSpecs {
 		r.d.sets[s.name] = map[string]bool{}
 	}
-	r.nodeAddrs = nodePortAddrs(cfg, fs.Family, nodeAddrs)
+	r.nodeAddrs = dataplane.NodePortAddrs(cfg, fs.Family, nodeAddrs)
 	for _, sp := range fs.Ports {
 		r.port(sp)
 	}
@@ -75,31 +75,6 @@ func render(cfg dataplane.Config, fs *model.FamilySnapshot, node model.NodeInfo,
 	}
 	r.d.rules = r.iptablesRules()
 	return r.d
-}
-
-// nodePortAddrs filters the node's addresses by nodePortAddresses (all of
-// them when unset), dropping loopback and IPv6 link-local ones, as
-// upstream's IPVS mode does: a NodePort on 127.0.0.1 is never served.
-func nodePortAddrs(cfg dataplane.Config, fam model.Family, addrs []netip.Addr) []netip.Addr {
-	var cidrs []netip.Prefix
-	for _, s := range cfg.NodePortAddresses {
-		if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil && model.FamilyOf(p.Addr()) == fam {
-			cidrs = append(cidrs, p.Masked())
-		}
-	}
-	var out []netip.Addr
-	for _, a := range addrs {
-		a = a.Unmap()
-		if model.FamilyOf(a) != fam || a.IsLoopback() || (a.Is6() && a.IsLinkLocalUnicast()) {
-			continue
-		}
-		if len(cfg.NodePortAddresses) > 0 && !slices.ContainsFunc(cidrs, func(p netip.Prefix) bool { return p.Contains(a) }) {
-			continue
-		}
-		out = append(out, a)
-	}
-	slices.SortFunc(out, netip.Addr.Compare)
-	return slices.Compact(out)
 }
 
 func (r *renderer) member(set, m string) { r.d.sets[set][m] = true }

@@ -93,6 +93,30 @@ func (l netlinkLinks) DeleteDevice() error {
 	return nil
 }
 
+// LocalAddrs lists the addresses of every interface but Device.
+func (netlinkLinks) LocalAddrs() ([]netip.Addr, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("listing interfaces: %w", err)
+	}
+	var out []netip.Addr
+	for _, l := range links {
+		if l.Attrs().Name == Device {
+			continue
+		}
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
+		if err != nil {
+			return nil, fmt.Errorf("listing %s's addresses: %w", l.Attrs().Name, err)
+		}
+		for _, a := range addrs {
+			if ip, ok := netip.AddrFromSlice(a.IP); ok {
+				out = append(out, ip.Unmap())
+			}
+		}
+	}
+	return out, nil
+}
+
 func (netlinkLinks) MigrateRequests() error {
 	return os.WriteFile("/proc/sys/net/ipv4/tcp_migrate_req", []byte("1"), 0o644)
 }

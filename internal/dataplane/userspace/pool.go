@@ -67,6 +67,19 @@ type pool struct {
 	next atomic.Uint64
 	// affinity holds ClientIP session affinity (nil without).
 	affinity *affinityTable
+	// cluster is the pool of the clients nearby says are the node's own
+	// (externalTrafficPolicy Local's short-circuit); nil without.
+	cluster *pool
+	nearby  func(netip.Addr) bool
+}
+
+// forClient is the pool that serves client: cluster for the node and its
+// pods under externalTrafficPolicy Local, else p.
+func (p *pool) forClient(client netip.Addr) *pool {
+	if p.cluster != nil && p.nearby(client) {
+		return p.cluster
+	}
+	return p
 }
 
 // admits says whether the frontend takes client's traffic.
@@ -213,6 +226,21 @@ func (a *affinityTable) set(client netip.Addr, to netip.AddrPort, now time.Time)
 // counters) of prev that remain, and prev's affinity table when the
 // timeout is the same.
 func newPool(spec frontendSpec, prev *pool) *pool {
+	p := poolOf(spec, prev)
+	if spec.cluster != nil {
+		var prevCluster *pool
+		if prev != nil {
+			prevCluster = prev.cluster
+		}
+		// The source ranges hold for the node and its pods too.
+		p.cluster = poolOf(frontendSpec{sp: spec.sp, eps: spec.cluster, ranges: spec.ranges}, prevCluster)
+		p.nearby = spec.nearby
+	}
+	return p
+}
+
+// poolOf is newPool without the short-circuit.
+func poolOf(spec frontendSpec, prev *pool) *pool {
 	sp, eps := spec.sp, spec.eps
 	p := &pool{sp: sp, drop: spec.drop, ranges: spec.ranges}
 	if sp.Balancing == model.BalanceSourceHash {

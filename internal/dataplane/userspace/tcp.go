@@ -89,8 +89,8 @@ func (f *tcpFrontend) serve() {
 // With no endpoint to reach, the client's connection is reset.
 func (f *tcpFrontend) relay(client *net.TCPConn) {
 	defer client.Close()
-	p := f.pool.Load()
 	src, _ := netip.ParseAddrPort(client.RemoteAddr().String())
+	p := f.pool.Load().forClient(src.Addr().Unmap())
 	if !p.admits(src.Addr().Unmap()) {
 		// Upstream drops such a client's SYN; a socket can only refuse
 		// it once the handshake is done: a reset.

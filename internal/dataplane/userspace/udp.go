@@ -67,7 +67,7 @@ func (f *udpFrontend) serve() {
 			}
 			continue
 		}
-		if !f.pool.Load().admits(client.Addr().Unmap()) {
+		if !f.pool.Load().forClient(client.Addr().Unmap()).admits(client.Addr().Unmap()) {
 			continue // dropped, as upstream drops it
 		}
 		s := f.session(client)
@@ -93,7 +93,7 @@ func (f *udpFrontend) session(client netip.AddrPort) *udpSession {
 	if len(f.sessions) >= maxUDPSessions {
 		return nil
 	}
-	p := f.pool.Load()
+	p := f.pool.Load().forClient(client.Addr().Unmap())
 	now := time.Now()
 	retried := false
 	for _, b := range p.pick(client.Addr().Unmap(), now) {
@@ -154,6 +154,28 @@ func (f *udpFrontend) back(s *udpSession) {
 		s.to.bytesOut.Add(uint64(n))
 		if _, err := f.conn.WriteToUDPAddrPort(buf[:n], s.client); err != nil && errors.Is(err, net.ErrClosed) {
 			return
+		}
+	}
+}
+
+// endStale ends the sessions whose endpoint p no longer has, as upstream
+// deletes the conntrack entries of a removed UDP endpoint: the client's
+// next datagram starts a session with a current endpoint.
+func (f *udpFrontend) endStale(p *pool) {
+	keep := map[*backend]bool{}
+	for _, q := range []*pool{p, p.cluster} {
+		if q != nil {
+			for _, b := range q.backends {
+				keep[b] = true
+			}
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for client, s := range f.sessions {
+		if !keep[s.to] {
+			delete(f.sessions, client)
+			s.up.Close() // back returns and counts the session out
 		}
 	}
 }

@@ -41,6 +41,8 @@ type links interface {
 	AddAddr(a netip.Addr) error
 	DelAddr(a netip.Addr) error
 	DeleteDevice() error
+	// LocalAddrs lists the addresses of the node's other interfaces.
+	LocalAddrs() ([]netip.Addr, error)
 	// MigrateRequests sets net.ipv4.tcp_migrate_req in the namespace.
 	MigrateRequests() error
 }
@@ -89,17 +91,24 @@ func (f *tcpFrontend) current() *pool  { return f.pool.Load() }
 func (f *tcpFrontend) setPool(p *pool) { f.pool.Store(p) }
 func (f *tcpFrontend) close()          { _ = f.ln.Close() }
 func (f *udpFrontend) current() *pool  { return f.pool.Load() }
-func (f *udpFrontend) setPool(p *pool) { f.pool.Store(p) }
+func (f *udpFrontend) setPool(p *pool) {
+	f.pool.Store(p)
+	f.endStale(p)
+}
 
 // frontendSpec is one socket a port needs, the endpoints behind it, and
 // which clients it takes: none with drop (a Local policy without a local
 // endpoint, which upstream drops), those in ranges (the load-balancer
-// source ranges; nil: every client).
+// source ranges; nil: every client). Under externalTrafficPolicy Local,
+// clients nearby says are the node itself or its pods go to cluster
+// instead, every usable endpoint, as upstream short-circuits them.
 type frontendSpec struct {
-	sp     *model.ServicePort
-	eps    []*model.Endpoint
-	drop   bool
-	ranges []netip.Prefix
+	sp      *model.ServicePort
+	eps     []*model.Endpoint
+	drop    bool
+	ranges  []netip.Prefix
+	cluster []*model.Endpoint
+	nearby  func(netip.Addr) bool
 }
 
 // endpointsFor returns the endpoints of a frontend under a policy, and
@@ -120,10 +129,23 @@ func endpointsFor(sp *model.ServicePort, local bool) (eps []*model.Endpoint, dro
 }
 
 // desired lists the sockets of snap and the addresses Device must hold.
-func (p *Proxier) desired(snap *model.Snapshot) (map[frontKey]frontendSpec, map[netip.Addr]bool) {
+// local are the addresses of the node's other interfaces.
+func (p *Proxier) desired(snap *model.Snapshot, local []netip.Addr) (map[frontKey]frontendSpec, map[netip.Addr]bool) {
 	fronts := map[frontKey]frontendSpec{}
 	addrs := map[netip.Addr]bool{}
 	for _, f := range p.cfg.Families {
+		for _, sp := range snap.Family(f).Ports {
+			if sp.Protocol == model.TCP || sp.Protocol == model.UDP {
+				addrs[sp.ClusterIP] = true
+				for _, a := range append(slices.Clip(sp.ExternalIPs), sp.LoadBalancerIPs...) {
+					addrs[a] = true
+				}
+			}
+		}
+	}
+	nearby := p.nearby(snap, local, addrs)
+	for _, f := range p.cfg.Families {
+		nodePorts := dataplane.NodePortAddrs(p.cfg, f, local)
 		for _, sp := range snap.Family(f).Ports {
 			if sp.Protocol != model.TCP && sp.Protocol != model.UDP {
 				continue // SCTP: not relayed (see the README)
@@ -131,26 +153,28 @@ func (p *Proxier) desired(snap *model.Snapshot) (map[frontKey]frontendSpec, map[
 			key := func(a netip.Addr, port uint16) frontKey {
 				return frontKey{sp.Protocol, netip.AddrPortFrom(a, port)}
 			}
-			addrs[sp.ClusterIP] = true
 			if eps, drop, ok := endpointsFor(sp, sp.InternalPolicyLocal); ok {
 				fronts[key(sp.ClusterIP, sp.Port)] = frontendSpec{sp: sp, eps: eps, drop: drop}
 			}
 			eps, drop, ok := endpointsFor(sp, sp.ExternalPolicyLocal)
+			if !ok {
+				continue
+			}
+			ext := frontendSpec{sp: sp, eps: eps, drop: drop}
+			if sp.ExternalPolicyLocal && len(sp.ClusterEndpoints) > 0 {
+				ext.cluster, ext.nearby = sp.ClusterEndpoints, nearby
+			}
 			for _, a := range sp.ExternalIPs {
-				addrs[a] = true
-				if ok {
-					fronts[key(a, sp.Port)] = frontendSpec{sp: sp, eps: eps, drop: drop}
-				}
+				fronts[key(a, sp.Port)] = ext
 			}
+			lb := ext
+			lb.ranges = sp.SourceRanges
 			for _, a := range sp.LoadBalancerIPs {
-				addrs[a] = true
-				if ok {
-					fronts[key(a, sp.Port)] = frontendSpec{sp: sp, eps: eps, drop: drop, ranges: sp.SourceRanges}
-				}
+				fronts[key(a, sp.Port)] = lb
 			}
-			if sp.NodePort != 0 && ok {
-				for _, a := range p.nodePortAddrs(f) {
-					fronts[key(a, sp.NodePort)] = frontendSpec{sp: sp, eps: eps, drop: drop}
+			if sp.NodePort != 0 {
+				for _, a := range nodePorts {
+					fronts[key(a, sp.NodePort)] = ext
 				}
 			}
 		}
@@ -158,17 +182,28 @@ func (p *Proxier) desired(snap *model.Snapshot) (map[frontKey]frontendSpec, map[
 	return fronts, addrs
 }
 
-// nodePortAddrs are the node's addresses of family f that NodePorts
-// answer on: its primary IPs (the upstream default is every address; the
-// userspace mode binds sockets, so it needs the addresses themselves).
-func (p *Proxier) nodePortAddrs(f model.Family) []netip.Addr {
-	var out []netip.Addr
-	for _, a := range p.cfg.NodeIPs {
-		if model.FamilyOf(a) == f && !a.IsLoopback() {
-			out = append(out, a)
-		}
+// nearby says which clients are the node itself (any of its addresses,
+// Device's included: the node reaching a Service address there speaks
+// from it) or, as detectLocalMode tells, its pods. The interface modes
+// cannot be told from a socket, so there only the node itself is.
+func (p *Proxier) nearby(snap *model.Snapshot, local []netip.Addr, device map[netip.Addr]bool) func(netip.Addr) bool {
+	own := make(map[netip.Addr]bool, len(local)+len(device))
+	for _, a := range local {
+		own[a.Unmap()] = true
 	}
-	return out
+	for a := range device {
+		own[a] = true
+	}
+	var pods []netip.Prefix
+	switch p.cfg.LocalMode {
+	case dataplane.LocalClusterCIDR:
+		pods = p.cfg.ClusterCIDRs
+	case dataplane.LocalNodeCIDR:
+		pods = snap.Node.PodCIDRs
+	}
+	return func(a netip.Addr) bool {
+		return own[a] || slices.ContainsFunc(pods, func(p netip.Prefix) bool { return p.Contains(a) })
+	}
 }
 
 // Sync implements dataplane.Dataplane: the addresses first (so a new
@@ -179,7 +214,11 @@ func (p *Proxier) nodePortAddrs(f model.Family) []netip.Addr {
 func (p *Proxier) Sync(ctx context.Context, snap *model.Snapshot, req dataplane.SyncRequest) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	fronts, addrs := p.desired(snap)
+	local, err := p.links.LocalAddrs()
+	if err != nil {
+		return err
+	}
+	fronts, addrs := p.desired(snap, local)
 	if req.Full || len(p.addrs) == 0 {
 		if err := p.readAddrs(); err != nil {
 			return err
@@ -344,7 +383,11 @@ func (p *Proxier) Stats() []Stat {
 	sums := map[key]*Stat{}
 	for _, fr := range p.fronts {
 		pl := fr.current()
-		for _, b := range pl.backends {
+		backends := pl.backends
+		if pl.cluster != nil {
+			backends = append(slices.Clip(backends), pl.cluster.backends...)
+		}
+		for _, b := range backends {
 			k := key{pl.sp.ID, pl.sp.Family, b.addr}
 			s := sums[k]
 			if s == nil {

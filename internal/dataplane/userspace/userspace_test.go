@@ -23,6 +23,7 @@ import (
 type fakeLinks struct {
 	dev   bool
 	addrs map[netip.Addr]bool
+	local []netip.Addr // the other interfaces' addresses
 }
 
 func (f *fakeLinks) EnsureDevice() error {
@@ -47,6 +48,8 @@ func (f *fakeLinks) AddAddr(a netip.Addr) error { f.addrs[a] = true; return nil 
 func (f *fakeLinks) DelAddr(a netip.Addr) error { delete(f.addrs, a); return nil }
 func (f *fakeLinks) DeleteDevice() error        { f.dev, f.addrs = false, nil; return nil }
 func (f *fakeLinks) MigrateRequests() error     { return nil }
+
+func (f *fakeLinks) LocalAddrs() ([]netip.Addr, error) { return f.local, nil }
 
 // server answers every connection with its name and a newline, then
 // echoes lines until the client closes.
@@ -326,8 +329,25 @@ func TestUDPSessions(t *testing.T) {
 	if got[0] == got[1] || got[1] == got[2] || got[2] == got[3] {
 		t.Errorf("sessions went to %v, want a and b in turn", got)
 	}
-	syncTo(t, p, dptest.Svc("ns", "dns", vip, 15353, dptest.WithProto(model.UDP)))
+	// A session whose endpoint goes ends, as upstream deletes the conntrack
+	// entries of a removed UDP endpoint: the same client socket reaches
+	// the endpoint left.
 	c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(to))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	first, err := exchange(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stay := map[string]netip.AddrPort{"a": b, "b": a}[first] // the other one
+	syncTo(t, p, dptest.Svc("ns", "dns", vip, 15353, dptest.WithProto(model.UDP), dptest.WithEPs(eps(stay)...)))
+	if again, err := exchange(c); err != nil || again == first {
+		t.Errorf("after %s left, the client's session answered %q (%v), want the other endpoint", first, again, err)
+	}
+	syncTo(t, p, dptest.Svc("ns", "dns", vip, 15353, dptest.WithProto(model.UDP)))
+	c, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(to))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -383,4 +403,78 @@ func TestClientsNotTaken(t *testing.T) {
 	if got := get(t, outside, netip.MustParseAddrPort("127.0.0.12:18090")); got != "remote" {
 		t.Errorf("without source ranges: got %q", got)
 	}
+}
+
+// TestNodePortAddresses: NodePorts listen on the node's addresses within
+// nodePortAddresses, on all of them (but loopback) when it is empty.
+func TestNodePortAddresses(t *testing.T) {
+	local := addrs("127.0.0.1", "198.18.1.2", "198.18.2.1", "fd00::1", "fe80::1")
+	svc := dptest.Svc("ns", "np", "198.18.200.1", 80, dptest.WithNodePort(30080), dptest.WithEPs(dptest.EP("198.18.64.2", 8080, false)))
+	for _, tc := range []struct {
+		cidrs []string
+		want  []string
+	}{
+		{nil, []string{"198.18.1.2:30080", "198.18.2.1:30080"}},
+		{[]string{"198.18.2.0/24"}, []string{"198.18.2.1:30080"}},
+		{[]string{"198.18.1.2/32", "fd00::/8"}, []string{"198.18.1.2:30080"}},
+	} {
+		p, _ := newProxier(dataplane.Config{Families: []model.Family{model.IPv4}, NodePortAddresses: tc.cidrs}, &fakeLinks{})
+		fronts, _ := p.desired(dptest.Snapshot(svc), local)
+		var got []string
+		for k := range fronts {
+			if k.addr.Port() == 30080 {
+				got = append(got, k.addr.String())
+			}
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("nodePortAddresses %v: NodePort sockets on %v, want %v", tc.cidrs, got, tc.want)
+		}
+	}
+}
+
+// TestLocalPolicyShortCircuit: under externalTrafficPolicy Local, a
+// client outside the node gets the local endpoints only (here none: it
+// is dropped), while the node itself and, by detectLocalMode, its pods
+// get every endpoint; the source ranges still hold for them.
+func TestLocalPolicyShortCircuit(t *testing.T) {
+	local := addrs("198.18.1.2")
+	remote := dptest.EP("198.18.65.2", 8080, false)
+	svc := dptest.Svc("ns", "etp", "198.18.200.1", 80, dptest.WithETPLocal, dptest.WithNodePort(30080),
+		dptest.WithLB("198.18.100.1"), dptest.WithSourceRanges("198.18.0.0/16"), dptest.WithEPs(remote))
+	p, _ := newProxier(dataplane.Config{Families: []model.Family{model.IPv4},
+		LocalMode: dataplane.LocalClusterCIDR, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.64.0/18")}}, &fakeLinks{})
+	fronts, _ := p.desired(dptest.Snapshot(svc), local)
+	for _, to := range []string{"198.18.1.2:30080", "198.18.100.1:80"} {
+		spec, ok := fronts[frontKey{model.TCP, netip.MustParseAddrPort(to)}]
+		if !ok {
+			t.Fatalf("no socket on %s", to)
+		}
+		pl := newPool(spec, nil)
+		for _, tc := range []struct {
+			client string
+			served bool
+		}{
+			{"198.18.7.7", false},  // outside the node: no local endpoint
+			{"198.18.1.2", true},   // the node itself
+			{"198.18.100.1", true}, // the node, from a Service address on Device
+			{"198.18.66.9", true},  // a pod (the cluster CIDR)
+			{"199.0.0.1", false},   // outside the source ranges (LB only; else no local endpoint)
+		} {
+			c := netip.MustParseAddr(tc.client)
+			q := pl.forClient(c)
+			served := q.admits(c) && len(q.pick(c, time.Now())) == 1
+			if served != tc.served {
+				t.Errorf("%s from %s: served %v, want %v", to, c, served, tc.served)
+			}
+		}
+	}
+}
+
+func addrs(ss ...string) []netip.Addr {
+	out := make([]netip.Addr, len(ss))
+	for i, s := range ss {
+		out[i] = netip.MustParseAddr(s)
+	}
+	return out
 }
