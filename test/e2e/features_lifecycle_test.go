@@ -339,9 +339,13 @@ func testCleanup(t *testing.T, b *fbed) {
 			t.Errorf("after --cleanup, iptables (ipv6=%v) still has chain %s", v6, l)
 		}
 	}
+	links, err := node.IP(ctx, "-o", "link", "show")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, dev := range []string{"kproxy0", "kube-ipvs0"} {
-		if out, _ := node.IP(ctx, "link", "show", "dev", dev); strings.Contains(out, dev) {
-			t.Errorf("after --cleanup the node still has %s:\n%s", dev, out)
+		if strings.Contains(links, ": "+dev+":") {
+			t.Errorf("after --cleanup the node still has %s:\n%s", dev, links)
 		}
 	}
 	if err := kp.Restart(); err != nil {
