@@ -49,10 +49,31 @@ func (d *daemon) serve(ctx context.Context) error {
 
 	select {
 	case <-ctx.Done():
+		cancel()
+		wg.Wait() // no sync after this
+		d.drain(ctx)
 		return nil
 	case err := <-d.errc:
 		return err
 	}
+}
+
+// drainTimeout bounds how long an exiting kproxy waits for the relays it
+// holds (userspace mode) to finish: within the 30 s a Pod gets by default
+// between SIGTERM and SIGKILL.
+const drainTimeout = 20 * time.Second
+
+// drain lets a dataplane that relays traffic itself finish it.
+func (d *daemon) drain(ctx context.Context) {
+	dr, ok := d.dp.(dataplane.Drainer)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drainTimeout)
+	defer cancel()
+	start := time.Now()
+	dr.Drain(ctx)
+	klog.FromContext(ctx).Info("Stopped relaying", "mode", d.mode, "waited", time.Since(start).Round(time.Millisecond))
 }
 
 // applyOOMScoreAdj sets this process's oom_score_adj from oomScoreAdj; a

@@ -50,6 +50,15 @@ type DryRunner interface {
 	Render(w io.Writer, snap *model.Snapshot) error
 }
 
+// Drainer is a dataplane that holds traffic in the process itself (the
+// userspace mode's relays). Drain runs once the proxy stops syncing, as
+// kproxy exits: it lets go of the traffic's entry points, so that another
+// kproxy on the node takes new connections, and returns when what is in
+// flight is done or ctx ends.
+type Drainer interface {
+	Drain(ctx context.Context)
+}
+
 // RuleCounter is implemented by backends that report how many rules they
 // own (the kubeproxy_sync_proxy_rules_iptables_total and _last gauges).
 type RuleCounter interface {

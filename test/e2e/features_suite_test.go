@@ -79,7 +79,7 @@ var notInMode = map[string]map[string]string{
 		"DetectLocalBridgeInterface":     "no masquerade decision to detect local traffic for",
 		"DetectLocalInterfaceNamePrefix": "no masquerade decision to detect local traffic for",
 		"MasqueradeAll":                  "no NAT: every endpoint sees the relaying node's address",
-		"RestartUnderTraffic":            "the relays live in the process: a restart ends open connections (overlapping processes hand over the listeners)",
+		"RestartUnderTraffic":            "the listeners live in the process: between a stop and a start nothing listens (TestUserspaceMode/HandOver hands over between overlapping processes)",
 		"CrashUnderChurn":                "compares kernel rule sets; the mode keeps its state in sockets",
 		"Verify":                         "explain --verify traces netfilter rules; the mode has none",
 		"ServiceTrafficMetrics":          "counts netfilter rule hits; the mode's own relay metrics are kproxy_userspace_*",

@@ -4,7 +4,9 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/kproxy/kproxy/internal/objects"
 	"github.com/kproxy/kproxy/test/testbed/controlplane"
+	"github.com/kproxy/kproxy/test/testbed/netbed"
 	"github.com/kproxy/kproxy/test/testbed/netbed/echo"
 )
 
@@ -40,6 +43,7 @@ func TestUserspaceMode(t *testing.T) {
 		})
 	}
 	t.Run("HealthAndMetrics", func(t *testing.T) { testHealthAndMetrics(t, c) })
+	t.Run("HandOver", func(t *testing.T) { testUserspaceHandOver(t, c) })
 	t.Run("Cleanup", func(t *testing.T) {
 		node := c.bed.Nodes()[1]
 		if err := c.kproxys[node.Spec.Name].Stop(); err != nil {
@@ -159,4 +163,100 @@ func addressType(f family) discoveryv1.AddressType {
 		return discoveryv1.AddressTypeIPv6
 	}
 	return discoveryv1.AddressTypeIPv4
+}
+
+// testUserspaceHandOver: a second kproxy started on node1 next to the first
+// (a DaemonSet update with maxSurge), then the first stopped, then the
+// first's successor started and the second stopped: new connections from
+// a pod on node1 to a ClusterIP, every 10 ms in both families, never fail.
+// The listeners share their addresses (SO_REUSEPORT); the one that exits
+// closes its sockets first and lets its relays finish.
+func testUserspaceHandOver(t *testing.T, c *cluster) {
+	n1 := c.bed.Nodes()[0]
+	svc := c.api.createService("us-handover", v1.ServiceTypeClusterIP)
+	c.api.setEndpoints(svc.Name, c.pods)
+	from := c.pods[0]
+	var probers []*prober
+	for _, f := range families {
+		r := tcpTo(clusterIP(t, svc, f.v6), 80)
+		waitForPods(t, c.exited, from.Netns, r, c.pods...)
+		r.Timeout = dropTimeout(f)
+		probers = append(probers, startProber(from.Netns, r, 10*time.Millisecond, time.Minute))
+	}
+	// The surge process: the same flags but for its own serving ports.
+	surgeHealth := netip.AddrPortFrom(n1.Spec.IP4, 10266)
+	args := withFlags(c.kproxyArgs(t, n1), map[string]string{
+		"--healthz-bind-address": surgeHealth.String(),
+		"--metrics-bind-address": "127.0.0.1:10250",
+		"--debug-bind-address":   "127.0.0.1:10269",
+	})
+	surge, err := n1.Start("kproxy-surge", args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = surge.Stop() })
+	healthy := func(p *netbed.Process, at netip.AddrPort) {
+		t.Helper()
+		eventually(t, func() error {
+			if !p.Running() {
+				return fmt.Errorf("kproxy exited (%v):\n%s", p.ExitErr(), tail(p.Log(), 20))
+			}
+			return nil
+		}, func() error {
+			code, body, err := n1.HTTPGet(context.Background(), "http://"+at.String()+"/healthz")
+			if err == nil && code != 200 {
+				err = fmt.Errorf("status %d: %s", code, body)
+			}
+			return err
+		}, "healthz of the kproxy at %s", at)
+	}
+	healthy(surge, surgeHealth)
+	time.Sleep(time.Second) // both serve
+	first := c.kproxys[n1.Spec.Name]
+	if err := first.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("first kproxy stopped: %s", lastLine(first.Log(), "Stopped relaying"))
+	time.Sleep(time.Second) // the surge process alone
+	next, err := n1.Start("kproxy", c.kproxyArgs(t, n1)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.kproxys[n1.Spec.Name] = next
+	healthy(next, netip.AddrPortFrom(n1.Spec.IP4, 10256))
+	time.Sleep(time.Second)
+	if err := surge.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	for i, p := range probers {
+		rs := p.Stop()
+		if bad := failuresOf(rs); len(bad) > 0 {
+			t.Errorf("%s: %d of %d new connections failed across the hand-overs:%s", families[i].name, len(bad), len(rs), describeProbes(bad, 10))
+		} else {
+			t.Logf("%s: %d new connections across two hand-overs, none failed", families[i].name, len(rs))
+		}
+	}
+}
+
+// withFlags returns args with the values of the flags in set replaced.
+func withFlags(args []string, set map[string]string) []string {
+	out := slices.Clone(args)
+	for i := 0; i+1 < len(out); i++ {
+		if v, ok := set[out[i]]; ok {
+			out[i+1] = v
+		}
+	}
+	return out
+}
+
+// lastLine is the last line of log that contains text ("" if none).
+func lastLine(log, text string) string {
+	lines := strings.Split(log, "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.Contains(lines[i], text) {
+			return lines[i]
+		}
+	}
+	return ""
 }

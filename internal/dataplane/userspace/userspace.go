@@ -57,6 +57,8 @@ type Proxier struct {
 	fronts map[frontKey]frontend
 	addrs  map[netip.Addr]bool // held on Device
 	relays sync.WaitGroup
+	// serving counts the sockets' serve loops (which add relays).
+	serving sync.WaitGroup
 	// sysctlDone: the first Sync set net.ipv4.tcp_migrate_req.
 	sysctlDone bool
 }
@@ -285,7 +287,7 @@ func (p *Proxier) open(key frontKey, spec frontendSpec) (frontend, error) {
 		}
 		fr := &udpFrontend{addr: key.addr, conn: c, logger: p.logger, base: backoffBase, sessions: map[netip.AddrPort]*udpSession{}}
 		fr.pool.Store(first)
-		go fr.serve()
+		p.serving.Go(fr.serve)
 		return fr, nil
 	}
 	ln, err := listenTCP(key.addr)
@@ -294,7 +296,7 @@ func (p *Proxier) open(key frontKey, spec frontendSpec) (frontend, error) {
 	}
 	fr := &tcpFrontend{addr: key.addr, ln: ln, dial: dialTimeout, base: backoffBase, logger: p.logger, relays: &p.relays}
 	fr.pool.Store(first)
-	go fr.serve()
+	p.serving.Go(fr.serve)
 	return fr, nil
 }
 
@@ -340,6 +342,30 @@ func (p *Proxier) Drifted(ctx context.Context) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// Drain implements dataplane.Drainer: every socket closes, so another
+// kproxy listening on the same addresses (SO_REUSEPORT) takes each new
+// connection, and with net.ipv4.tcp_migrate_req the ones still queued
+// here; the open TCP relays get until ctx ends to finish. Device and its
+// addresses stay for the next kproxy.
+func (p *Proxier) Drain(ctx context.Context) {
+	p.mu.Lock()
+	for key, fr := range p.fronts {
+		fr.close()
+		delete(p.fronts, key)
+	}
+	p.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		p.serving.Wait() // no relay starts after this
+		p.relays.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
 }
 
 // Cleanup implements dataplane.Dataplane: the sockets close and Device

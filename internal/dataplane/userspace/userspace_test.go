@@ -267,6 +267,77 @@ func TestRemovedFrontendLetsRelaysFinish(t *testing.T) {
 	}
 }
 
+// TestDrain: as kproxy exits, its sockets close at once (another kproxy
+// on the addresses takes new connections) while an open relay goes on;
+// Drain returns when that relay ends, or when its context does.
+func TestDrain(t *testing.T) {
+	p, l := testProxier(t)
+	a := server(t, "a")
+	syncTo(t, p, dptest.Svc("ns", "web", vip, 18085, dptest.WithEPs(eps(a)...)))
+	to := netip.MustParseAddrPort(vip + ":18085")
+	c, err := net.Dial("tcp", to.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(c)
+	if line, _ := r.ReadString('\n'); strings.TrimSpace(line) != "a" {
+		t.Fatalf("got %q", line)
+	}
+	drained := make(chan struct{})
+	go func() {
+		p.Drain(context.Background())
+		close(drained)
+	}()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		probe, err := net.DialTimeout("tcp", to.String(), time.Second)
+		if err != nil {
+			break
+		}
+		probe.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("the socket still accepts while draining")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	fmt.Fprintln(c, "still there?")
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if line, err := r.ReadString('\n'); err != nil || strings.TrimSpace(line) != "still there?" {
+		t.Fatalf("open relay while draining: %q, %v", line, err)
+	}
+	select {
+	case <-drained:
+		t.Fatal("Drain returned with a relay open")
+	case <-time.After(100 * time.Millisecond):
+	}
+	c.Close()
+	select {
+	case <-drained:
+	case <-time.After(2 * time.Second):
+		t.Fatal("Drain did not return after the last relay ended")
+	}
+	if !l.addrs[netip.MustParseAddr(vip)] {
+		t.Error("Drain took the Service address off the device; the next kproxy needs it")
+	}
+	// A relay that does not end is cut short by the context.
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	syncTo(t, p, dptest.Svc("ns", "web", vip, 18085, dptest.WithEPs(eps(a)...)))
+	held, err := net.Dial("tcp", to.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if line, _ := bufio.NewReader(held).ReadString('\n'); strings.TrimSpace(line) != "a" {
+		t.Fatalf("got %q", line)
+	}
+	start := time.Now()
+	p.Drain(ctx)
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("Drain waited %v past its context", d)
+	}
+}
+
 // udpServer answers each datagram with its name.
 func udpServer(t *testing.T, name string) netip.AddrPort {
 	t.Helper()
