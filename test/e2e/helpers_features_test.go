@@ -469,6 +469,20 @@ func (p *prober) Stop() []probeResult {
 }
 
 // failuresOf returns the probes that got no reply.
+// stopFamilyProbers stops probers (one per family, in families' order)
+// and fails t for every probe that failed across what.
+func stopFamilyProbers(t *testing.T, probers []*prober, what string) {
+	t.Helper()
+	for i, p := range probers {
+		rs := p.Stop()
+		if bad := failuresOf(rs); len(bad) > 0 {
+			t.Errorf("%s: %d of %d new connections failed across %s:%s", families[i].name, len(bad), len(rs), what, describeProbes(bad, 10))
+		} else {
+			t.Logf("%s: %d new connections across %s, none failed", families[i].name, len(rs), what)
+		}
+	}
+}
+
 func failuresOf(rs []probeResult) []probeResult {
 	var out []probeResult
 	for _, r := range rs {

@@ -125,14 +125,7 @@ func (c *cluster) outage(t *testing.T, cp *controlplane.ControlPlane, svc *v1.Se
 		t.Errorf("first change after the outage took %v to be live, want within one sync (%v)", live.Round(time.Millisecond), bound)
 	}
 
-	for i, p := range probers {
-		rs := p.Stop()
-		if bad := failuresOf(rs); len(bad) > 0 {
-			t.Errorf("%s: %d of %d new connections failed:%s", families[i].name, len(bad), len(rs), describeProbes(bad, 10))
-		} else {
-			t.Logf("%s: %d new connections across the outage, none failed", families[i].name, len(rs))
-		}
-	}
+	stopFamilyProbers(t, probers, "the outage")
 	if bad := hz.stop(); len(bad) > 0 {
 		t.Errorf("/healthz was not 200 during the outage:\n  %s", strings.Join(bad, "\n  "))
 	}

@@ -229,14 +229,7 @@ func testUserspaceHandOver(t *testing.T, c *cluster) {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Second)
-	for i, p := range probers {
-		rs := p.Stop()
-		if bad := failuresOf(rs); len(bad) > 0 {
-			t.Errorf("%s: %d of %d new connections failed across the hand-overs:%s", families[i].name, len(bad), len(rs), describeProbes(bad, 10))
-		} else {
-			t.Logf("%s: %d new connections across two hand-overs, none failed", families[i].name, len(rs))
-		}
-	}
+	stopFamilyProbers(t, probers, "two hand-overs")
 }
 
 // withFlags returns args with the values of the flags in set replaced.
