@@ -37,10 +37,10 @@ e2e-etcd34: build testbed-deps
 
 ## IPVS mode (and SCTP) on Debian's stock kernel under qemu: the e2e cases
 ## with real traffic, inside the VM (test/vm/vm.sh; the kernel is cached).
-## The SCTP case runs there for nftables and iptables mode too.
+## The SCTP case runs there for nftables, iptables and userspace mode too.
 E2E_IPVS_RUN ?= TestKproxy|TestFeatures|TestIPVSMode|TestMigrationIPVS|TestRollbackIPVS
 E2E_IPVS_SKIP ?=
-E2E_VM_SCTP_RUN ?= TestFeatures/(nftables|iptables)/.*/SCTP
+E2E_VM_SCTP_RUN ?= TestFeatures/(nftables|iptables|userspace)/.*/SCTP
 e2e-ipvs: build testbed-deps
 	$(GO) test -c -tags e2e -o $(BIN)/e2e.test ./test/e2e
 	KPROXY_BIN=$(abspath $(BIN))/kproxy KPROXY_ECHO=$(abspath $(BIN))/kproxy-echo \

@@ -173,10 +173,6 @@ func Explain(in Input, req Request) (*Answer, error) {
 		a.Verdict, a.Reason = NotProxied, fmt.Sprintf("kproxy does not proxy %s on this node", fam)
 		return a, nil
 	}
-	if in.Mode == modeUserspace && req.Protocol == model.SCTP {
-		a.Verdict, a.Reason = NotProxied, "the userspace mode does not relay SCTP: the node routes it as any packet"
-		return a, nil
-	}
 	port, frontend := e.match(snap.Family(fam), req.Protocol, to)
 	if port == nil {
 		e.unmatched(snap, fam, to)
@@ -483,10 +479,10 @@ func (e *explainer) shortCircuits() bool {
 }
 
 // turnedAway rewords a drop for the userspace mode, where a socket takes
-// the traffic: a UDP datagram is dropped, a TCP client reset.
+// the traffic: a UDP datagram is dropped, a TCP (or SCTP) client reset.
 func (e *explainer) turnedAway() {
 	a := e.a
-	if e.in.Mode == modeUserspace && a.Protocol == model.TCP {
+	if e.in.Mode == modeUserspace && a.Protocol != model.UDP {
 		a.Verdict = Reject
 		before, _, _ := strings.Cut(a.Reason, ": dropped")
 		a.Reason = before + ": kproxy accepts the connection and resets it (a socket cannot drop a SYN)"

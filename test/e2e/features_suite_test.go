@@ -72,7 +72,6 @@ func featureModes() []string {
 // its answer differs (a reset for a drop, the node's address as source).
 var notInMode = map[string]map[string]string{
 	"userspace": {
-		"SCTP":                           "the userspace mode relays TCP and UDP only",
 		"MasqueradeDefaults":             "no NAT: every endpoint sees the relaying node's address",
 		"DetectLocalClusterCIDR":         "no masquerade decision to detect local traffic for",
 		"DetectLocalNodeCIDR":            "no masquerade decision to detect local traffic for",

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -15,18 +16,21 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/sctp"
 )
 
 // tcpFrontend accepts the connections of one Service address and port and
-// relays each to an endpoint of its pool.
+// relays each to an endpoint of its pool: TCP, or SCTP associations (one-
+// to-one sockets, which Go serves as TCP connections).
 type tcpFrontend struct {
-	addr   netip.AddrPort
-	ln     net.Listener
-	pool   atomic.Pointer[pool]
-	dial   time.Duration // connect timeout per endpoint
-	base   time.Duration // first backoff of a failed endpoint
-	logger klog.Logger
-	relays *sync.WaitGroup
+	addr    netip.AddrPort
+	ln      net.Listener
+	pool    atomic.Pointer[pool]
+	dial    func(to netip.AddrPort, timeout time.Duration) (net.Conn, error)
+	timeout time.Duration // connect timeout per endpoint
+	base    time.Duration // first backoff of a failed endpoint
+	logger  klog.Logger
+	relays  *sync.WaitGroup
 }
 
 // listenControl sets what every listener needs: SO_REUSEADDR and
@@ -36,22 +40,42 @@ type tcpFrontend struct {
 // IP_FREEBIND, so that binding does not wait for the address.
 func listenControl(network, _ string, c syscall.RawConn) error {
 	var serr error
-	err := c.Control(func(fd uintptr) {
-		for _, o := range [][2]int{{unix.SOL_SOCKET, unix.SO_REUSEADDR}, {unix.SOL_SOCKET, unix.SO_REUSEPORT}} {
-			if serr = unix.SetsockoptInt(int(fd), o[0], o[1], 1); serr != nil {
-				return
-			}
-		}
-		if network == "tcp6" || network == "udp6" {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_IPV6, unix.IPV6_FREEBIND, 1)
-		} else {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_FREEBIND, 1)
-		}
-	})
+	err := c.Control(func(fd uintptr) { serr = socketOptions(network, int(fd)) })
 	if err != nil {
 		return err
 	}
 	return serr
+}
+
+// socketOptions sets listenControl's options on fd, a socket of network
+// ("tcp4", "udp6", "sctp4", …).
+func socketOptions(network string, fd int) error {
+	for _, o := range [][2]int{{unix.SOL_SOCKET, unix.SO_REUSEADDR}, {unix.SOL_SOCKET, unix.SO_REUSEPORT}} {
+		if err := unix.SetsockoptInt(fd, o[0], o[1], 1); err != nil {
+			return err
+		}
+	}
+	if strings.HasSuffix(network, "6") {
+		return unix.SetsockoptInt(fd, unix.SOL_IPV6, unix.IPV6_FREEBIND, 1)
+	}
+	return unix.SetsockoptInt(fd, unix.SOL_IP, unix.IP_FREEBIND, 1)
+}
+
+func dialTCP(to netip.AddrPort, timeout time.Duration) (net.Conn, error) {
+	return net.DialTimeout("tcp", to.String(), timeout)
+}
+
+// listenSCTP is listenTCP for SCTP, with the same socket options.
+func listenSCTP(addr netip.AddrPort) (net.Listener, error) {
+	network := "sctp4"
+	if addr.Addr().Is6() {
+		network = "sctp6"
+	}
+	return sctp.Listen(addr, func(fd int) error { return socketOptions(network, fd) })
+}
+
+func dialSCTP(to netip.AddrPort, timeout time.Duration) (net.Conn, error) {
+	return sctp.Dial(netip.AddrPort{}, to, timeout)
 }
 
 func listenTCP(addr netip.AddrPort) (net.Listener, error) {
@@ -102,7 +126,7 @@ func (f *tcpFrontend) relay(client *net.TCPConn) {
 	var to *backend
 	retried := false
 	for _, b := range p.pick(src.Addr().Unmap(), now) {
-		c, err := net.DialTimeout("tcp", b.addr.String(), f.dial)
+		c, err := f.dial(b.addr, f.timeout)
 		if err != nil {
 			b.failed(time.Now(), f.base)
 			if p.sp.Balancing == model.BalanceRoundRobin {

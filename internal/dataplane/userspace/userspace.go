@@ -22,6 +22,7 @@ import (
 
 	"github.com/kproxy/kproxy/internal/dataplane"
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/sctp"
 )
 
 // Device is the dummy interface holding the Service addresses.
@@ -59,6 +60,9 @@ type Proxier struct {
 	relays sync.WaitGroup
 	// serving counts the sockets' serve loops (which add relays).
 	serving sync.WaitGroup
+	// sctp: the kernel has SCTP (known once the first SCTP port comes).
+	sctpOnce sync.Once
+	sctp     bool
 	// sysctlDone: the first Sync set net.ipv4.tcp_migrate_req.
 	sysctlDone bool
 }
@@ -137,7 +141,7 @@ func (p *Proxier) desired(snap *model.Snapshot, local []netip.Addr) (map[frontKe
 	addrs := map[netip.Addr]bool{}
 	for _, f := range p.cfg.Families {
 		for _, sp := range snap.Family(f).Ports {
-			if sp.Protocol == model.TCP || sp.Protocol == model.UDP {
+			if p.relayed(sp.Protocol) {
 				addrs[sp.ClusterIP] = true
 				for _, a := range append(slices.Clip(sp.ExternalIPs), sp.LoadBalancerIPs...) {
 					addrs[a] = true
@@ -149,8 +153,8 @@ func (p *Proxier) desired(snap *model.Snapshot, local []netip.Addr) (map[frontKe
 	for _, f := range p.cfg.Families {
 		nodePorts := dataplane.NodePortAddrs(p.cfg, f, local)
 		for _, sp := range snap.Family(f).Ports {
-			if sp.Protocol != model.TCP && sp.Protocol != model.UDP {
-				continue // SCTP: not relayed (see the README)
+			if !p.relayed(sp.Protocol) {
+				continue
 			}
 			key := func(a netip.Addr, port uint16) frontKey {
 				return frontKey{sp.Protocol, netip.AddrPortFrom(a, port)}
@@ -277,6 +281,21 @@ func (p *Proxier) Sync(ctx context.Context, snap *model.Snapshot, req dataplane.
 	return errors.Join(errs...)
 }
 
+// relayed says whether the mode relays proto: TCP and UDP, and SCTP where
+// the kernel has it (a kernel without it is said once in the log).
+func (p *Proxier) relayed(proto model.Protocol) bool {
+	if proto != model.SCTP {
+		return true
+	}
+	p.sctpOnce.Do(func() {
+		p.sctp = sctp.Supported()
+		if !p.sctp {
+			p.logger.Info("This kernel has no SCTP; SCTP Service ports are not relayed")
+		}
+	})
+	return p.sctp
+}
+
 // open makes the socket of key and starts serving it.
 func (p *Proxier) open(key frontKey, spec frontendSpec) (frontend, error) {
 	first := newPool(spec, nil)
@@ -290,11 +309,15 @@ func (p *Proxier) open(key frontKey, spec frontendSpec) (frontend, error) {
 		p.serving.Go(fr.serve)
 		return fr, nil
 	}
-	ln, err := listenTCP(key.addr)
+	listen, dial := listenTCP, dialTCP
+	if key.proto == model.SCTP {
+		listen, dial = listenSCTP, dialSCTP
+	}
+	ln, err := listen(key.addr)
 	if err != nil {
 		return nil, err
 	}
-	fr := &tcpFrontend{addr: key.addr, ln: ln, dial: dialTimeout, base: backoffBase, logger: p.logger, relays: &p.relays}
+	fr := &tcpFrontend{addr: key.addr, ln: ln, dial: dial, timeout: dialTimeout, base: backoffBase, logger: p.logger, relays: &p.relays}
 	fr.pool.Store(first)
 	p.serving.Go(fr.serve)
 	return fr, nil
