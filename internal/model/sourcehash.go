@@ -10,8 +10,9 @@ import (
 
 // sourceHashSizes are the sizes of source-hash tables, primes, by the
 // largest endpoint count each serves (about 20 buckets per endpoint, which
-// keeps Maglev's extra disruption under 10 % of clients: see
-// TestSourceHashRemap). A port whose endpoint count crosses a bound gets a
+// keeps Maglev's extra disruption near 4 % of clients on average and about
+// 10 % at worst: see TestSourceHashRemap, and docs/performance.md for
+// smaller tables). A port whose endpoint count crosses a bound gets a
 // table of another size, which remaps clients as a new table does.
 var sourceHashSizes = []struct{ maxEndpoints, size int }{
 	{12, 251}, {50, 1021}, {200, 4093}, {800, 16381}, {1 << 30, 65521},
