@@ -62,41 +62,74 @@ func Listen(addr netip.AddrPort, control func(fd int) error) (net.Listener, erro
 }
 
 // Dial connects to dst, from src when src is valid (its port may be 0),
-// giving up after timeout. It blocks its thread for the handshake; the
+// giving up after timeout. The connect is non-blocking and waited for by
+// the runtime's poller, so a slow endpoint holds no thread. The
 // connection lives in the network namespace of the calling thread.
 func Dial(src, dst netip.AddrPort, timeout time.Duration) (net.Conn, error) {
 	fam := family(dst.Addr())
-	fd, err := socket(fam)
-	if err != nil {
-		return nil, err
+	fd, err := unix.Socket(fam, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.IPPROTO_SCTP)
+	if errors.Is(err, unix.EPROTONOSUPPORT) || errors.Is(err, unix.ESOCKTNOSUPPORT) {
+		return nil, fmt.Errorf("%w: %w", ErrUnsupported, err)
 	}
-	f := os.NewFile(uintptr(fd), "sctp-conn")
-	defer f.Close() // FileConn dups the descriptor
-	tv := unix.NsecToTimeval(timeout.Nanoseconds())
-	// A blocking connect honours the send timeout, which bounds the
-	// handshake.
-	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err != nil {
-		return nil, fmt.Errorf("sctp SO_SNDTIMEO: %w", err)
+	if err != nil {
+		return nil, fmt.Errorf("sctp socket: %w", err)
 	}
 	if src.Addr().IsValid() || src.Port() != 0 {
 		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+			_ = unix.Close(fd)
 			return nil, fmt.Errorf("sctp SO_REUSEADDR: %w", err)
 		}
 		if err := unix.Bind(fd, sockaddr(fam, src)); err != nil {
+			_ = unix.Close(fd)
 			return nil, fmt.Errorf("sctp bind %s: %w", src, err)
 		}
 	}
-	if err := unix.Connect(fd, sockaddr(fam, dst)); err != nil {
-		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINPROGRESS) {
-			err = os.ErrDeadlineExceeded
+	opErr := func(err error) error {
+		return &net.OpError{Op: "dial", Net: "sctp", Err: os.NewSyscallError("connect", err)}
+	}
+	for {
+		err = unix.Connect(fd, sockaddr(fam, dst))
+		if !errors.Is(err, unix.EINTR) {
+			break
 		}
-		return nil, &net.OpError{Op: "dial", Net: "sctp", Err: os.NewSyscallError("connect", err)}
 	}
-	// The send timeout would also bound every later write.
-	var zero unix.Timeval
-	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &zero); err != nil {
-		return nil, fmt.Errorf("sctp SO_SNDTIMEO: %w", err)
+	if err != nil && !errors.Is(err, unix.EINPROGRESS) {
+		_ = unix.Close(fd)
+		return nil, opErr(err)
 	}
+	f := os.NewFile(uintptr(fd), "sctp-conn") // non-blocking: the poller waits on it
+	defer f.Close()                            // FileConn dups the descriptor
+	if err := f.SetWriteDeadline(time.Now().Add(timeout)); err != nil {
+		return nil, err
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var connErr error
+	werr := rc.Write(func(fd uintptr) bool {
+		// Writable means the handshake ended; until then, wait.
+		soErr, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR)
+		if err != nil {
+			connErr = err
+			return true
+		}
+		if soErr != 0 {
+			connErr = unix.Errno(soErr)
+			return true
+		}
+		if _, err := unix.Getpeername(int(fd)); errors.Is(err, unix.ENOTCONN) {
+			return false
+		}
+		return true
+	})
+	switch {
+	case werr != nil:
+		return nil, opErr(werr)
+	case connErr != nil:
+		return nil, opErr(connErr)
+	}
+	_ = f.SetWriteDeadline(time.Time{})
 	return net.FileConn(f)
 }
 

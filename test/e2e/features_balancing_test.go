@@ -44,7 +44,7 @@ func testBalancingRoundRobin(t *testing.T, b *fbed, f family) {
 	for i, proto := range []string{echo.ProtoTCP, echo.ProtoUDP} {
 		r := req(proto, vip, 80)
 		waitForPods(t, b.exited, from.Netns, r, b.pods...)
-		order := inTurnRequests(t, from, r, f, 6*len(b.pods), uint16(45000+100*i))
+		order := inTurnRequests(t, from, r, f, 6*len(b.pods), uint16(22000+100*i))
 		checkInTurn(t, fmt.Sprintf("%s %s -> %s", proto, from.PodName, vip), order, len(b.pods))
 		t.Logf("%s %s -> %s: %d connections, the %d pods in turn", proto, from.PodName, vip, len(order), len(b.pods))
 	}
@@ -61,6 +61,8 @@ func testBalancingRoundRobin(t *testing.T, b *fbed, f family) {
 // firstPort, firstPort+1, …: a flow is an address and port pair (a
 // conntrack entry, a userspace session), and a port the kernel hands out
 // again within the flow's timeout would reuse the flow, not make a new one.
+// The ports lie below the ephemeral range (32768–60999), so that no earlier
+// request's flow from a kernel-chosen port can be one of them.
 func inTurnRequests(t *testing.T, from *netbed.Pod, r echo.Request, f family, n int, firstPort uint16) []string {
 	t.Helper()
 	var order []string

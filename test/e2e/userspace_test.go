@@ -98,7 +98,7 @@ func testUserspaceBalancing(t *testing.T, c *cluster, f family) {
 	for i, proto := range []string{echo.ProtoTCP, echo.ProtoUDP} {
 		r := req(proto, vip, 80)
 		waitForPods(t, c.exited, from.Netns, r, c.pods...)
-		checkInTurn(t, "round-robin "+proto, inTurnRequests(t, from, r, f, 6*len(c.pods), uint16(42000+100*i)), len(c.pods))
+		checkInTurn(t, "round-robin "+proto, inTurnRequests(t, from, r, f, 6*len(c.pods), uint16(25000+100*i)), len(c.pods))
 	}
 
 	lc := c.api.createAnnotatedService(svcName("uslc", f), v1.ServiceTypeClusterIP, map[string]string{objects.AnnotationLoadBalancing: "least-connections"})

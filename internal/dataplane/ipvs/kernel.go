@@ -261,7 +261,9 @@ func (k *osKernel) LocalAddrs() ([]netip.Addr, error) {
 	}
 	var out []netip.Addr
 	for _, l := range links {
-		if l.Attrs().Name == DummyDevice {
+		// The userspace mode's interface (kproxy0) holds Service
+		// addresses too, on a node coming from that mode.
+		if name := l.Attrs().Name; name == DummyDevice || name == "kproxy0" {
 			continue
 		}
 		addrs, err := h.AddrList(l, netlink.FAMILY_ALL)

@@ -93,7 +93,13 @@ func (l netlinkLinks) DeleteDevice() error {
 	return nil
 }
 
-// LocalAddrs lists the addresses of every interface but Device.
+// ipvsDevice is IPVS mode's interface of Service addresses (kproxy's and
+// upstream's): on a node coming from IPVS mode its addresses are
+// ClusterIPs, not node addresses, until the leftovers are cleaned up.
+const ipvsDevice = "kube-ipvs0"
+
+// LocalAddrs lists the addresses of every interface but Device and
+// ipvsDevice.
 func (netlinkLinks) LocalAddrs() ([]netip.Addr, error) {
 	links, err := netlink.LinkList()
 	if err != nil {
@@ -101,7 +107,7 @@ func (netlinkLinks) LocalAddrs() ([]netip.Addr, error) {
 	}
 	var out []netip.Addr
 	for _, l := range links {
-		if l.Attrs().Name == Device {
+		if name := l.Attrs().Name; name == Device || name == ipvsDevice {
 			continue
 		}
 		addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)

@@ -162,18 +162,18 @@ func (f *udpFrontend) back(s *udpSession) {
 // deletes the conntrack entries of a removed UDP endpoint: the client's
 // next datagram starts a session with a current endpoint.
 func (f *udpFrontend) endStale(p *pool) {
-	keep := map[*backend]bool{}
+	keep := map[netip.AddrPort]bool{}
 	for _, q := range []*pool{p, p.cluster} {
 		if q != nil {
 			for _, b := range q.backends {
-				keep[b] = true
+				keep[b.addr] = true
 			}
 		}
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for client, s := range f.sessions {
-		if !keep[s.to] {
+		if !keep[s.to.addr] {
 			delete(f.sessions, client)
 			s.up.Close() // back returns and counts the session out
 		}

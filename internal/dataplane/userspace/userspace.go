@@ -12,7 +12,6 @@ package userspace
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/netip"
 	"slices"
 	"sync"
@@ -60,6 +59,9 @@ type Proxier struct {
 	relays sync.WaitGroup
 	// serving counts the sockets' serve loops (which add relays).
 	serving sync.WaitGroup
+	// listenErrs are the sockets that could not listen, with the error
+	// last logged.
+	listenErrs map[frontKey]string
 	// sctp: the kernel has SCTP (known once the first SCTP port comes).
 	sctpOnce sync.Once
 	sctp     bool
@@ -74,7 +76,7 @@ func New(cfg dataplane.Config) (*Proxier, error) {
 
 func newProxier(cfg dataplane.Config, l links) (*Proxier, error) {
 	return &Proxier{cfg: cfg, links: l, logger: klog.Background().WithName("userspace"),
-		fronts: map[frontKey]frontend{}, addrs: map[netip.Addr]bool{}}, nil
+		fronts: map[frontKey]frontend{}, addrs: map[netip.Addr]bool{}, listenErrs: map[frontKey]string{}}, nil
 }
 
 // Name implements dataplane.Dataplane.
@@ -257,10 +259,23 @@ func (p *Proxier) Sync(ctx context.Context, snap *model.Snapshot, req dataplane.
 		} else {
 			var err error
 			if fr, err = p.open(key, spec); err != nil {
-				errs = append(errs, fmt.Errorf("listening on %s/%s for %s: %w", key.addr, key.proto, spec.sp.ID, err))
+				// One socket that cannot bind (a host process holding
+				// the port) must not fail the sync of every other
+				// Service, as upstream only logs a port it cannot
+				// open; the next sync tries again.
+				if p.listenErrs[key] != err.Error() {
+					p.logger.Error(err, "Cannot listen for a Service port; retried at each sync", "address", key.addr, "protocol", key.proto, "service", spec.sp.ID)
+					p.listenErrs[key] = err.Error()
+				}
 				continue
 			}
+			delete(p.listenErrs, key)
 			p.fronts[key] = fr
+		}
+	}
+	for key := range p.listenErrs {
+		if _, ok := fronts[key]; !ok {
+			delete(p.listenErrs, key)
 		}
 	}
 	for key, fr := range p.fronts {

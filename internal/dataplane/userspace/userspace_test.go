@@ -513,11 +513,12 @@ func TestLocalPolicyShortCircuit(t *testing.T) {
 	local := addrs("198.18.1.2")
 	remote := dptest.EP("198.18.65.2", 8080, false)
 	svc := dptest.Svc("ns", "etp", "198.18.200.1", 80, dptest.WithETPLocal, dptest.WithNodePort(30080),
-		dptest.WithLB("198.18.100.1"), dptest.WithSourceRanges("198.18.0.0/16"), dptest.WithEPs(remote))
+		dptest.WithLB("198.18.100.1"), dptest.WithSourceRanges("198.18.0.0/17"), dptest.WithEPs(remote))
 	p, _ := newProxier(dataplane.Config{Families: []model.Family{model.IPv4},
-		LocalMode: dataplane.LocalClusterCIDR, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.64.0/18")}}, &fakeLinks{})
+		LocalMode: dataplane.LocalClusterCIDR, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.64.0/18"), netip.MustParsePrefix("198.18.192.0/18")}}, &fakeLinks{})
 	fronts, _ := p.desired(dptest.Snapshot(svc), local)
-	for _, to := range []string{"198.18.1.2:30080", "198.18.100.1:80"} {
+	const nodePort, lb = "198.18.1.2:30080", "198.18.100.1:80"
+	for _, to := range []string{nodePort, lb} {
 		spec, ok := fronts[frontKey{model.TCP, netip.MustParseAddrPort(to)}]
 		if !ok {
 			t.Fatalf("no socket on %s", to)
@@ -527,11 +528,12 @@ func TestLocalPolicyShortCircuit(t *testing.T) {
 			client string
 			served bool
 		}{
-			{"198.18.7.7", false},  // outside the node: no local endpoint
-			{"198.18.1.2", true},   // the node itself
-			{"198.18.100.1", true}, // the node, from a Service address on Device
-			{"198.18.66.9", true},  // a pod (the cluster CIDR)
-			{"199.0.0.1", false},   // outside the source ranges (LB only; else no local endpoint)
+			{"198.18.7.7", false},      // outside the node: no local endpoint
+			{"198.18.1.2", true},       // the node itself
+			{"198.18.100.1", true},     // the node, from a Service address on Device
+			{"198.18.66.9", true},      // a pod (the cluster CIDR)
+			{"198.18.200.9", to != lb}, // a pod outside the source ranges: the LB IP keeps it out
+			{"199.0.0.1", false},       // outside the source ranges and the node
 		} {
 			c := netip.MustParseAddr(tc.client)
 			q := pl.forClient(c)
@@ -569,5 +571,30 @@ func TestSCTPWhereTheKernelHasIt(t *testing.T) {
 	}
 	if got := get(t, netip.Addr{}, netip.MustParseAddrPort(vip+":18087")); got != "a" {
 		t.Errorf("the TCP Service beside it answered %q", got)
+	}
+}
+
+// TestPortInUse: a Service port another process holds gets no socket and
+// a log line; the sync succeeds and the other Services are served.
+func TestPortInUse(t *testing.T) {
+	p, _ := testProxier(t)
+	a := server(t, "a")
+	held, err := net.Listen("tcp4", vip+":18088")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	taken := dptest.Svc("ns", "taken", vip, 18088, dptest.WithEPs(eps(a)...))
+	web := dptest.Svc("ns", "web", vip, 18089, dptest.WithEPs(eps(a)...))
+	for range 2 { // the next sync tries again, and again succeeds
+		if err := p.Sync(context.Background(), dptest.Snapshot(taken, web), dataplane.SyncRequest{}); err != nil {
+			t.Fatalf("sync with a port in use: %v", err)
+		}
+	}
+	if _, ok := p.fronts[frontKey{model.TCP, netip.MustParseAddrPort(vip + ":18088")}]; ok {
+		t.Error("a socket on a port another process holds")
+	}
+	if got := get(t, netip.Addr{}, netip.MustParseAddrPort(vip+":18089")); got != "a" {
+		t.Errorf("the Service beside it answered %q", got)
 	}
 }
