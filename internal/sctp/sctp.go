@@ -98,7 +98,7 @@ func Dial(src, dst netip.AddrPort, timeout time.Duration) (net.Conn, error) {
 		return nil, opErr(err)
 	}
 	f := os.NewFile(uintptr(fd), "sctp-conn") // non-blocking: the poller waits on it
-	defer f.Close()                            // FileConn dups the descriptor
+	defer f.Close()                           // FileConn dups the descriptor
 	if err := f.SetWriteDeadline(time.Now().Add(timeout)); err != nil {
 		return nil, err
 	}
