@@ -82,6 +82,10 @@ func TestServiceTrafficMetrics(t *testing.T) {
 					t.Fatal("no snapshot handed to the traffic tables")
 				}
 			}
+			// Run starts on its own goroutine: give it the time to.
+			for deadline := time.Now().Add(5 * time.Second); tc.running && !ft.running.Load() && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
 			if ft.running.Load() != tc.running || (cleaned.Load() == 1) == tc.running {
 				t.Errorf("tables running %v, cleaned %d times", ft.running.Load(), cleaned.Load())
 			}
