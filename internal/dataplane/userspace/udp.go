@@ -162,6 +162,11 @@ func (f *udpFrontend) back(s *udpSession) {
 // deletes the conntrack entries of a removed UDP endpoint: the client's
 // next datagram starts a session with a current endpoint.
 func (f *udpFrontend) endStale(p *pool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.sessions) == 0 {
+		return // the common case: nothing to build a set for
+	}
 	keep := map[netip.AddrPort]bool{}
 	for _, q := range []*pool{p, p.cluster} {
 		if q != nil {
@@ -170,8 +175,6 @@ func (f *udpFrontend) endStale(p *pool) {
 			}
 		}
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	for client, s := range f.sessions {
 		if !keep[s.to.addr] {
 			delete(f.sessions, client)

@@ -245,15 +245,8 @@ func TestRemovedFrontendLetsRelaysFinish(t *testing.T) {
 	a := server(t, "a")
 	syncTo(t, p, dptest.Svc("ns", "web", vip, 18084, dptest.WithEPs(eps(a)...)))
 	to := netip.MustParseAddrPort(vip + ":18084")
-	c, err := net.Dial("tcp", to.String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, r := openRelay(t, to, "a")
 	defer c.Close()
-	r := bufio.NewReader(c)
-	if line, _ := r.ReadString('\n'); strings.TrimSpace(line) != "a" {
-		t.Fatalf("got %q", line)
-	}
 	syncTo(t, p)
 	if len(l.addrs) != 0 {
 		t.Errorf("device keeps %v after the Service went", l.addrs)
@@ -261,10 +254,31 @@ func TestRemovedFrontendLetsRelaysFinish(t *testing.T) {
 	if _, err := net.DialTimeout("tcp", to.String(), time.Second); err == nil {
 		t.Error("a new connection was accepted after the Service went")
 	}
+	stillRelays(t, c, r, "after the Service went")
+}
+
+// openRelay connects to `to` and reads the greeting of server want.
+func openRelay(t *testing.T, to netip.AddrPort, want string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", to.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(c)
+	if line, _ := r.ReadString('\n'); strings.TrimSpace(line) != want {
+		c.Close()
+		t.Fatalf("got %q, want %q", line, want)
+	}
+	return c, r
+}
+
+// stillRelays checks that the open relay c still echoes a line.
+func stillRelays(t *testing.T, c net.Conn, r *bufio.Reader, when string) {
+	t.Helper()
 	fmt.Fprintln(c, "still there?")
 	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
 	if line, err := r.ReadString('\n'); err != nil || strings.TrimSpace(line) != "still there?" {
-		t.Fatalf("open relay after the Service went: %q, %v", line, err)
+		t.Fatalf("open relay %s: %q, %v", when, line, err)
 	}
 }
 
@@ -276,14 +290,7 @@ func TestDrain(t *testing.T) {
 	a := server(t, "a")
 	syncTo(t, p, dptest.Svc("ns", "web", vip, 18085, dptest.WithEPs(eps(a)...)))
 	to := netip.MustParseAddrPort(vip + ":18085")
-	c, err := net.Dial("tcp", to.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := bufio.NewReader(c)
-	if line, _ := r.ReadString('\n'); strings.TrimSpace(line) != "a" {
-		t.Fatalf("got %q", line)
-	}
+	c, r := openRelay(t, to, "a")
 	drained := make(chan struct{})
 	go func() {
 		p.Drain(context.Background())
@@ -301,11 +308,7 @@ func TestDrain(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	fmt.Fprintln(c, "still there?")
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	if line, err := r.ReadString('\n'); err != nil || strings.TrimSpace(line) != "still there?" {
-		t.Fatalf("open relay while draining: %q, %v", line, err)
-	}
+	stillRelays(t, c, r, "while draining")
 	select {
 	case <-drained:
 		t.Fatal("Drain returned with a relay open")
@@ -324,14 +327,8 @@ func TestDrain(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	syncTo(t, p, dptest.Svc("ns", "web", vip, 18085, dptest.WithEPs(eps(a)...)))
-	held, err := net.Dial("tcp", to.String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	held, _ := openRelay(t, to, "a")
 	defer held.Close()
-	if line, _ := bufio.NewReader(held).ReadString('\n'); strings.TrimSpace(line) != "a" {
-		t.Fatalf("got %q", line)
-	}
 	start := time.Now()
 	p.Drain(ctx)
 	if d := time.Since(start); d > time.Second {
