@@ -26,14 +26,14 @@ fuzz:
 ## VM, in e2e-ipvs.
 E2E_HOST_SKIP ?= TestIPVSMode|TestMigrationIPVS|TestRollbackIPVS|TestFeatures/.*/.*/SCTP
 e2e: build testbed-deps
-	$(GO) test -tags e2e -count=1 -timeout 40m -v -skip '$(E2E_HOST_SKIP)' ./test/e2e/... 2>&1 | tee $(BIN)/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|e2e:' ; exit $${PIPESTATUS[0]}
+	$(GO) test -tags e2e -count=1 -timeout 40m -v -skip '$(E2E_HOST_SKIP)' ./test/e2e/... 2>&1 | tee $(BIN)/e2e.log | grep -E '^(=== RUN| *--- |PASS|FAIL|ok|panic)|e2e:' ; rc=$${PIPESTATUS[0]}; [ $$rc = 0 ] || bash hack/failures.sh $(BIN)/e2e.log; exit $$rc
 
 ## a quick subset against Debian's etcd-server 3.4.23 instead of etcd 3.6:
 ## the API server refuses watch-list there, so informers LIST (the path
 ## kproxy's streamed lists are for); see test/testbed/README.md.
 E2E_ETCD34_RUN ?= TestControlPlane|TestKproxy
 e2e-etcd34: build testbed-deps
-	KPROXY_ETCD=debian $(GO) test -tags e2e -count=1 -timeout 15m -v -run '$(E2E_ETCD34_RUN)' ./test/e2e/... 2>&1 | tee $(BIN)/e2e-etcd34.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|e2e:' ; exit $${PIPESTATUS[0]}
+	KPROXY_ETCD=debian $(GO) test -tags e2e -count=1 -timeout 15m -v -run '$(E2E_ETCD34_RUN)' ./test/e2e/... 2>&1 | tee $(BIN)/e2e-etcd34.log | grep -E '^(=== RUN| *--- |PASS|FAIL|ok|panic)|e2e:' ; rc=$${PIPESTATUS[0]}; [ $$rc = 0 ] || bash hack/failures.sh $(BIN)/e2e-etcd34.log; exit $$rc
 
 ## IPVS mode (and SCTP) on Debian's stock kernel under qemu: the e2e cases
 ## with real traffic, inside the VM (test/vm/vm.sh; the kernel is cached).
@@ -46,7 +46,7 @@ e2e-ipvs: build testbed-deps
 	KPROXY_BIN=$(abspath $(BIN))/kproxy KPROXY_ECHO=$(abspath $(BIN))/kproxy-echo \
 		bash test/vm/vm.sh -t 2700 -e KPROXY_BIN -e KPROXY_ECHO -- \
 		sh test/vm/e2e.sh $(BIN)/e2e.test "$(E2E_IPVS_RUN)" "$(E2E_IPVS_SKIP)" "$(E2E_VM_SCTP_RUN)" \
-		2>&1 | tee $(BIN)/e2e-ipvs.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|e2e:|vm.sh:' ; exit $${PIPESTATUS[0]}
+		2>&1 | tee $(BIN)/e2e-ipvs.log | grep -E '^(=== RUN| *--- |PASS|FAIL|ok|panic)|e2e:|vm.sh:' ; rc=$${PIPESTATUS[0]}; [ $$rc = 0 ] || bash hack/failures.sh $(BIN)/e2e-ipvs.log; exit $$rc
 
 ## long run (root): steady churn against kproxy on the testbed, reporting
 ## RSS and goroutine slopes and sync durations per window; fails on a
@@ -61,7 +61,7 @@ e2e-long: build testbed-deps
 	KPROXY_SOAK=1 BENCH_SERVICES=$(SOAK_SERVICES) BENCH_ENDPOINTS=10 BENCH_MODE=$(SOAK_MODE) BENCH_PROXY=kproxy \
 		SOAK_DURATION=$(SOAK_DURATION) SOAK_RATE=$(SOAK_RATE) \
 		KPROXY_BIN=$(abspath $(BIN))/kproxy KPROXY_ECHO=$(abspath $(BIN))/kproxy-echo \
-		$(GO) test -tags e2e -run TestSoak -count=1 -v -timeout 180m ./test/bench/ 2>&1 | tee $(BIN)/e2e-long.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|soak:' ; exit $${PIPESTATUS[0]}
+		$(GO) test -tags e2e -run TestSoak -count=1 -v -timeout 180m ./test/bench/ 2>&1 | tee $(BIN)/e2e-long.log | grep -E '^(=== RUN| *--- |PASS|FAIL|ok|panic)|soak:' ; rc=$${PIPESTATUS[0]}; [ $$rc = 0 ] || bash hack/failures.sh $(BIN)/e2e-long.log; exit $$rc
 
 ## what the README calls "the test command"
 test: lint unit fuzz e2e e2e-etcd34 e2e-long e2e-ipvs bench-smoke
