@@ -564,12 +564,39 @@ func TestRenderFullMapFallsBackToRules(t *testing.T) {
 	d := r.fixed()
 	sp := snap.V4.Ports[0]
 	d.Ports[sp.ID] = r.port(sp)
-	if len(r.full) != 1 || len(d.Ports[sp.ID].Blocks) != 0 {
-		t.Fatalf("full = %q, blocks = %q", r.full, d.Ports[sp.ID].Blocks)
+	if len(r.full) != 1 || len(d.Ports[sp.ID].Fills) != 0 {
+		t.Fatalf("full = %q, blocks = %v", r.full, d.Ports[sp.ID].Fills)
 	}
 	tr := newTracer(t, d, dptest.NodeIP)
 	got := tr.trace(dptest.Packet{Src: netip.MustParseAddr("198.18.200.5"), Dst: sp.ClusterIP, DPort: 80, Proto: "tcp", Iif: "eth0"})
 	if len(got.DNAT) != 2 {
 		t.Errorf("trace = %+v, want both endpoints reachable", got)
 	}
+}
+
+// wantText is every element the last render wants, per set, in text form
+// (key -> value): want's and the blocks' of the endpoint-ranges maps.
+func (st *famState) wantText() map[string]map[string]string {
+	out := map[string]map[string]string{}
+	put := func(e element) {
+		if out[e.Set] == nil {
+			out[e.Set] = map[string]string{}
+		}
+		out[e.Set][e.Key] = e.Value
+	}
+	for _, m := range st.want {
+		for _, r := range m {
+			put(*r.e)
+		}
+	}
+	if st.cur != nil {
+		for _, ps := range st.cur.Ports {
+			for i := range ps.Fills {
+				for j := range ps.Fills[i].elems {
+					put(ps.Fills[i].element(j))
+				}
+			}
+		}
+	}
+	return out
 }

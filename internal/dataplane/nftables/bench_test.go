@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -116,12 +117,18 @@ func BenchmarkColdSync10k(b *testing.B) {
 }
 
 // TestPrivilegedScale loads n Services x 10 endpoints into a fresh
-// namespace over netlink and reports: cold sync time and the process's
+// namespace over netlink and reports: the kernel's commit of the cold
+// sync's batches alone (encoded beforehand, the floor of a cold sync) and
+// the user-space work that made them; cold sync time and the process's
 // peak RSS during it, single-endpoint change latency (p50/p99 of 200),
 // Drifted cost (nothing committed since the last check, and after a
 // foreign commit), a new-chain change, and a restart sync. It runs only
 // with KPROXY_SCALE=1 (sizes: KPROXY_SCALE_SIZES, default "1000,10000";
+// endpoints per Service: KPROXY_SCALE_ENDPOINTS, default 10;
 // KPROXY_SCALE_CPU=file writes the cold sync's CPU profile).
+//
+//	sudo KPROXY_SCALE=1 KPROXY_SCALE_SIZES=10000 KPROXY_SCALE_ENDPOINTS=100 \
+//	  go test -run 'TestPrivilegedScale$' -v -timeout 30m ./internal/dataplane/nftables/
 func TestPrivilegedScale(t *testing.T) {
 	if os.Getenv("KPROXY_SCALE") == "" {
 		t.Skip("set KPROXY_SCALE=1 to measure cold load and single-change latency")
@@ -131,17 +138,34 @@ func TestPrivilegedScale(t *testing.T) {
 	}
 }
 
+// scaleEndpoints is the endpoints per Service of the scale tests.
+func scaleEndpoints(t testing.TB) int {
+	env := cmp.Or(os.Getenv("KPROXY_SCALE_ENDPOINTS"), "10")
+	eps, err := strconv.Atoi(env)
+	if err != nil || eps < 0 {
+		t.Fatalf("KPROXY_SCALE_ENDPOINTS: %q is not an endpoint count", env)
+	}
+	return eps
+}
+
 func scaleRun(t *testing.T, n int) {
 	tn := newTestNet(t)
-	for _, phase := range []string{"cold", "restart"} {
+	eps := scaleEndpoints(t)
+	for _, phase := range []string{"prepared", "cold", "restart"} {
 		if w := dptest.WaitKernelQuiet(30 * time.Second); w > time.Second {
 			t.Logf("waited %v for the kernel to finish earlier teardowns", w.Round(time.Millisecond))
 		}
-		d, rss := scaleChild(t, tn.Node, phase, n)
-		t.Logf("%d Services x 10 endpoints: %s sync %v in a fresh process; its peak RSS %d MiB (GOMEMLIMIT=%q)",
-			n, phase, d.Round(time.Millisecond), rss>>20, os.Getenv("GOMEMLIMIT"))
+		r := scaleChild(t, tn.Node, phase, n)
+		if phase == "prepared" {
+			t.Logf("%d Services x %d endpoints: the cold sync's %d batches (%d operations) committed alone %v (the kernel's floor); making them took %v",
+				n, eps, r.batches, r.ops, r.commit.Round(time.Millisecond), r.sync.Round(time.Millisecond))
+			dptest.Run(t, "ip", "netns", "exec", tn.Node, "nft", "delete", "table", "ip", DefaultTableName)
+			continue
+		}
+		t.Logf("%d Services x %d endpoints: %s sync %v in a fresh process; its peak RSS %d MiB (GOMEMLIMIT=%q)",
+			n, eps, phase, r.sync.Round(time.Millisecond), r.rss>>20, os.Getenv("GOMEMLIMIT"))
 	}
-	snap := scaleSnapshot(n, 10)
+	snap := scaleSnapshot(n, eps)
 	p, _ := New(privConfig())
 	start := time.Now()
 	tn.sync(p, snap, dataplane.SyncRequest{Full: true})
@@ -205,23 +229,73 @@ func scaleRun(t *testing.T, n int) {
 	}
 }
 
-// scaleChild runs one full sync of scaleSnapshot(n, 10) in a child process
-// (so that its peak RSS is the sync's alone) inside namespace ns.
-func scaleChild(t *testing.T, ns, phase string, n int) (time.Duration, int) {
+// childResult is what one scaleChild process measured.
+type childResult struct {
+	sync, commit time.Duration
+	batches, ops int
+	rss          int
+}
+
+// scaleChild runs one full sync of the scale snapshot in a child process
+// (so that its peak RSS is the sync's alone) inside namespace ns. Phase
+// "prepared" encodes the sync's batches without sending them, then times
+// their commit alone.
+func scaleChild(t *testing.T, ns, phase string, n int) childResult {
 	cmd := exec.Command(os.Args[0], "-test.run", "^TestPrivilegedScaleChild$", "-test.v")
 	cmd.Env = append(os.Environ(), "KPROXY_SCALE_CHILD="+fmt.Sprintf("%s,%d,%s", phase, n, ns))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%s child: %v\n%s", phase, err, out)
 	}
-	var ns64 int64
+	var r childResult
 	for _, l := range strings.Split(string(out), "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "SYNC_NS="); ok {
-			ns64, _ = strconv.ParseInt(v, 10, 64)
+		k, v, ok := strings.Cut(strings.TrimSpace(l), "=")
+		if !ok {
+			continue
+		}
+		i, _ := strconv.ParseInt(v, 10, 64)
+		switch k {
+		case "SYNC_NS":
+			r.sync = time.Duration(i)
+		case "COMMIT_NS":
+			r.commit = time.Duration(i)
+		case "BATCHES":
+			r.batches = int(i)
+		case "OPS":
+			r.ops = int(i)
 		}
 	}
-	rss := int(cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss) << 10
-	return time.Duration(ns64), rss
+	r.rss = int(cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss) << 10
+	return r
+}
+
+// preparedKernel encodes the batches a sync would send and keeps them
+// instead of sending them.
+type preparedKernel struct {
+	*nlKernel
+	batches []*nlBatch
+	ops     int
+}
+
+func (k *preparedKernel) Apply(_ context.Context, ops opList) error {
+	if ops.len() == 0 {
+		return nil
+	}
+	b, err := k.nl.encode(ops, k.sets)
+	if err != nil {
+		return err
+	}
+	k.batches, k.ops = append(k.batches, b), k.ops+ops.len()
+	return nil
+}
+
+func (k *preparedKernel) ApplyStages(ctx context.Context, stages <-chan func() opList) error {
+	for stage := range stages {
+		if err := k.Apply(ctx, stage()); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // TestPrivilegedScaleChild is scaleChild's process: one full sync.
@@ -232,8 +306,17 @@ func TestPrivilegedScaleChild(t *testing.T) {
 	}
 	f := strings.Split(env, ",")
 	n, _ := strconv.Atoi(f[1])
-	snap := scaleSnapshot(n, 10)
+	snap := scaleSnapshot(n, scaleEndpoints(t))
 	p, _ := New(privConfig())
+	var prepared *preparedKernel
+	if f[0] == "prepared" {
+		st, err := p.family(model.IPv4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		prepared = &preparedKernel{nlKernel: st.kern.(*nlKernel)}
+		st.kern = prepared
+	}
 	if path := os.Getenv("KPROXY_SCALE_CPU"); path != "" && f[0] == "cold" {
 		if err := pprof.StartCPUProfile(profileFile(t, path)); err != nil {
 			t.Fatal(err)
@@ -247,6 +330,20 @@ func TestPrivilegedScaleChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	fmt.Printf("SYNC_NS=%d\n", time.Since(start).Nanoseconds())
+	if prepared != nil {
+		start = time.Now()
+		dptest.InNamespace(t, f[2], func() {
+			for _, b := range prepared.batches {
+				if err = b.send(); err != nil {
+					return
+				}
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Printf("COMMIT_NS=%d\nBATCHES=%d\nOPS=%d\n", time.Since(start).Nanoseconds(), len(prepared.batches), prepared.ops)
+	}
 	if path := os.Getenv("KPROXY_SCALE_HEAP"); path != "" {
 		// What a synced proxier keeps (the snapshot is the model's, not ours).
 		runtime.GC()

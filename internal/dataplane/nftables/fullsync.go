@@ -1,8 +1,10 @@
 package nftables
 
 import (
+	"cmp"
 	"maps"
 	"slices"
+	"strings"
 
 	"sigs.k8s.io/knftables"
 
@@ -24,6 +26,7 @@ func (st *famState) renderFull(cfg dataplane.Config, fs *model.FamilySnapshot, n
 		st.slots = newSlotAlloc()
 	}
 	st.r.slots = st.slots
+	prev := st.cur
 	d := st.r.fixed()
 	st.cur = d
 	st.seen = make(map[model.PortID]*model.ServicePort, len(fs.Ports))
@@ -45,8 +48,8 @@ func (st *famState) renderFull(cfg dataplane.Config, fs *model.FamilySnapshot, n
 		order = append(order, ps)
 		st.seen[sp.ID] = sp
 		st.bySvc[sp.ID.Service()] = append(st.bySvc[sp.ID.Service()], sp.ID)
-		for _, key := range ps.Blocks {
-			used[key] = true
+		for _, f := range ps.Fills {
+			used[f.key] = true
 		}
 		st.portChains(ps, t, wantChains)
 		if t.staging && t.pending >= stageOps && !emit(t.cutStage(d)) {
@@ -54,7 +57,7 @@ func (st *famState) renderFull(cfg dataplane.Config, fs *model.FamilySnapshot, n
 		}
 	}
 	st.slots.retain(used)
-	st.elemOps(order, wantChains, t)
+	st.elemOps(prev, order, wantChains, t)
 	t.rendered = order
 	if !t.staging {
 		return
@@ -77,7 +80,7 @@ func (st *famState) fullOps(d *desired, t *txn) {
 		st.endpointMapOps(d.Ports[id], t, true)
 		st.portChains(d.Ports[id], t, wantChains)
 	}
-	st.elemOps(order, wantChains, t)
+	st.elemOps(nil, order, wantChains, t)
 }
 
 // fixedOps writes the table, the fixed sets and chains (flushed and
@@ -110,8 +113,8 @@ func (st *famState) portChains(ps *portState, t *txn, wantChains map[string]bool
 
 // elemOps, once every port is rendered (order: the ports in order), marks
 // unwanted port objects stale and writes the element difference of every
-// shared set.
-func (st *famState) elemOps(order []*portState, wantChains map[string]bool, t *txn) {
+// shared set, from the kernel read or else from prev (the last render).
+func (st *famState) elemOps(prev *desired, order []*portState, wantChains map[string]bool, t *txn) {
 	st.markStale(st.kChains, wantChains)
 	// Ports have no sets of their own any more: port sets in the kernel
 	// are older versions' per-endpoint affinity sets, like fixed sets that
@@ -121,10 +124,12 @@ func (st *famState) elemOps(order []*portState, wantChains map[string]bool, t *t
 	// Sized up front: growing 40 maps to 200k entries costs a tenth of
 	// the user-space time of a cold sync at 10k Services.
 	sizes := map[string]int{}
+	n := 0
 	for _, ps := range order {
 		for i := range ps.Elems {
 			sizes[ps.Elems[i].Set]++
 		}
+		n += ps.elemCount()
 	}
 	st.want = make(map[string]map[string]elemRef, len(sizes))
 	bySet := make(map[string][]*element, len(sizes))
@@ -132,20 +137,131 @@ func (st *famState) elemOps(order []*portState, wantChains map[string]bool, t *t
 		st.want[name] = make(map[string]elemRef, n)
 		bySet[name] = make([]*element, 0, n)
 	}
+	fills := map[string][]*fill{}
 	for _, ps := range order {
 		st.addWant(ps.Elems)
 		for i := range ps.Elems {
 			e := &ps.Elems[i]
 			bySet[e.Set] = append(bySet[e.Set], e)
 		}
-	}
-	n := 0
-	for _, m := range st.want {
-		n += len(m)
+		for i := range ps.Fills {
+			f := &ps.Fills[i]
+			fills[f.b.shard] = append(fills[f.b.shard], f)
+		}
 	}
 	t.adds = slices.Grow(t.adds, n) // 130k at 10k Services: avoid regrowing
+	var prevFills map[string]*fill
+	if st.kElems == nil {
+		prevFills = fillsByKey(prev)
+	}
 	for _, s := range sharedSets {
-		st.diffFull(s.Name, prevWant[s.Name], bySet[s.Name], t)
+		if isEndpointShard(s.Name) {
+			st.diffShard(s.Name, fills[s.Name], prevFills, t)
+		} else {
+			st.diffFull(s.Name, prevWant[s.Name], bySet[s.Name], t)
+		}
+	}
+}
+
+// isEndpointShard reports whether a shared map is an endpoint-ranges map.
+func isEndpointShard(name string) bool { return strings.HasPrefix(name, mapEndpoints+"-") }
+
+// fillsByKey indexes the blocks of a render by allocator key.
+func fillsByKey(d *desired) map[string]*fill {
+	out := map[string]*fill{}
+	if d == nil {
+		return out
+	}
+	for _, ps := range d.Ports {
+		for i := range ps.Fills {
+			out[ps.Fills[i].key] = &ps.Fills[i]
+		}
+	}
+	return out
+}
+
+// diffShard emits the element changes of one endpoint-ranges map, whose
+// blocks are now fills (in port order): against the kernel's elements
+// when they were read, else block by block against the last render's
+// (prev, by key; those of shard no fill has any more are deleted).
+func (st *famState) diffShard(name string, fills []*fill, prev map[string]*fill, t *txn) {
+	if st.kElems != nil {
+		// Each element found in the read is taken out of it: what is
+		// left is what no block wants. The read is dropped at commit
+		// (and re-done after a failure), so nothing else needs it.
+		kernel := st.kElems[name]
+		for _, f := range fills {
+			for i := range f.elems {
+				k := rangeKey(f.elems[i].lo, f.elems[i].hi)
+				v, ok := kernel[k]
+				if ok {
+					delete(kernel, k)
+					if e := f.element(i); v == e.Value {
+						continue
+					}
+					t.dels = append(t.dels, elemOp(opDelete, &element{Set: name, Key: k}, true))
+				}
+				t.adds = append(t.adds, rangeOp(opAdd, f, i))
+			}
+		}
+		for _, k := range slices.Sorted(maps.Keys(kernel)) {
+			t.dels = append(t.dels, elemOp(opDelete, &element{Set: name, Key: k}, true))
+		}
+		return
+	}
+	seen := make(map[string]bool, len(fills))
+	for _, f := range fills {
+		seen[f.key] = true
+		diffFill(prev[f.key], f, t)
+	}
+	var gone []*fill
+	for key, f := range prev {
+		if f.b.shard == name && !seen[key] {
+			gone = append(gone, f)
+		}
+	}
+	slices.SortFunc(gone, func(a, b *fill) int { return cmp.Compare(a.b.index, b.b.index) })
+	for _, f := range gone {
+		diffFill(f, nil, t)
+	}
+}
+
+// diffFill emits what turns block old's elements into next's (either may
+// be nil). Both list their elements in key order; in the same block an
+// element whose range and endpoint are unchanged is left alone, any other
+// is deleted and added. Deletions go before additions in the transaction,
+// so a range deleted and added again ends up added.
+func diffFill(old, next *fill, t *txn) {
+	if old != nil && next != nil && old.b == next.b {
+		i, j := 0, 0
+		for i < len(old.elems) || j < len(next.elems) {
+			switch {
+			case j == len(next.elems) || (i < len(old.elems) && old.elems[i].lo < next.elems[j].lo):
+				t.dels = append(t.dels, rangeOp(opDelete, old, i))
+				i++
+			case i == len(old.elems) || next.elems[j].lo < old.elems[i].lo:
+				t.adds = append(t.adds, rangeOp(opAdd, next, j))
+				j++
+			default: // the same first key
+				if !old.elems[i].sameTarget(next.elems[j]) {
+					t.dels = append(t.dels, rangeOp(opDelete, old, i))
+					t.adds = append(t.adds, rangeOp(opAdd, next, j))
+				}
+				i++
+				j++
+			}
+		}
+		return
+	}
+	if old != nil {
+		for i := range old.elems {
+			t.dels = append(t.dels, rangeOp(opDelete, old, i))
+		}
+	}
+	if next != nil {
+		for j := range next.elems {
+			t.adds = append(t.adds, rangeOp(opAdd, next, j))
+		}
 	}
 }
 

@@ -119,13 +119,14 @@ func (st *famState) diffPort(old, next *portState, t *txn, touched map[string]ma
 			}
 		}
 	}
+	diffFills(old, next, t)
 	if old == nil {
 		st.addWant(next.Elems)
 		return
 	}
-	for _, key := range old.Blocks {
-		if next == nil || !slices.Contains(next.Blocks, key) {
-			st.slots.release(key)
+	for _, f := range old.Fills {
+		if next == nil || !slices.ContainsFunc(next.Fills, func(n fill) bool { return n.key == f.key }) {
+			st.slots.release(f.key)
 		}
 	}
 	st.dropWant(old.Elems)
@@ -135,6 +136,31 @@ func (st *famState) diffPort(old, next *portState, t *txn, touched map[string]ma
 	for _, c := range old.Chains {
 		if !keep[c.Name] && st.kChains[c.Name] {
 			st.stale[c.Name] = st.now
+		}
+	}
+}
+
+// diffFills emits what changes in the endpoint-ranges maps from one
+// rendering of a port to the next (either may be nil), block by block.
+func diffFills(old, next *portState, t *txn) {
+	byKey := map[string]*fill{}
+	if old != nil {
+		for i := range old.Fills {
+			byKey[old.Fills[i].key] = &old.Fills[i]
+		}
+	}
+	if next != nil {
+		for i := range next.Fills {
+			f := &next.Fills[i]
+			diffFill(byKey[f.key], f, t)
+			delete(byKey, f.key)
+		}
+	}
+	if old != nil {
+		for i := range old.Fills { // in order, for a deterministic transaction
+			if f := &old.Fills[i]; byKey[f.key] == f {
+				diffFill(f, nil, t)
+			}
 		}
 	}
 }

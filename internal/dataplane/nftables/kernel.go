@@ -24,12 +24,15 @@ const (
 // (tables, chains, sets, maps, elements) and typed rules, which any kernel
 // implementation (knftables, netlink) can consume.
 type op struct {
-	// obj is a knftables object or a *ruleOp; nil for an element.
+	// obj is a knftables object or a *ruleOp; nil for an element; a
+	// *fill for its element idx, an endpoint-ranges element encoded from
+	// its numbers.
 	obj any
 	// elem is an element of a set (isMap false) or map, kept in render's
 	// compact form: a 100k-element sync would otherwise hold 100k
 	// knftables objects.
 	elem  *element
+	idx   int32
 	verb  opVerb
 	isMap bool // (the small fields last: 32 bytes, not 40)
 }
@@ -76,6 +79,11 @@ func (l opList) all(yield func(op) bool) {
 // elemOp is the op adding or deleting an element.
 func elemOp(verb opVerb, e *element, isMap bool) op { return op{verb: verb, elem: e, isMap: isMap} }
 
+// rangeOp is the op adding or deleting f's element i.
+func rangeOp(verb opVerb, f *fill, i int) op {
+	return op{verb: verb, obj: f, idx: int32(i), isMap: true}
+}
+
 // ruleOp is a rule added to a chain.
 type ruleOp struct {
 	chain string
@@ -90,6 +98,9 @@ func (o op) object() knftables.Object {
 	switch obj := o.obj.(type) {
 	case nil:
 		return o.elem.object(o.isMap)
+	case *fill:
+		e := obj.element(int(o.idx))
+		return e.object(true)
 	case *ruleOp:
 		return &knftables.Rule{Chain: obj.chain, Rule: obj.rule.String()}
 	}

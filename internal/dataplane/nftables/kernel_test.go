@@ -2,7 +2,6 @@ package nftables
 
 import (
 	"strconv"
-	"strings"
 	"testing"
 	"unsafe"
 )
@@ -64,16 +63,16 @@ func TestBlockRanges(t *testing.T) {
 		next := uint64(b.offset())
 		minSize, maxSize := uint64(blockSpan), uint64(0)
 		for _, r := range rs {
-			first, last, err := parseRange(r)
-			if err != nil || uint64(first) != next {
-				t.Fatalf("n=%d: range %q does not start at %d (%v)", n, r, next, err)
+			first, last := r.lo, r.hi
+			if uint64(first) != next {
+				t.Fatalf("n=%d: range %d-%d does not start at %d", n, first, last, next)
 			}
 			size := uint64(last) - uint64(first) + 1
 			minSize, maxSize = min(minSize, size), max(maxSize, size)
 			next = uint64(last) + 1
 		}
 		if next != uint64(b.offset())+blockSpan || maxSize-minSize > 1 {
-			t.Errorf("n=%d: ranges %s… cover up to %d, sizes %d..%d", n, strings.Join(rs[:min(3, n)], " "), next, minSize, maxSize)
+			t.Errorf("n=%d: ranges %v… cover up to %d, sizes %d..%d", n, rs[:min(3, n)], next, minSize, maxSize)
 		}
 	}
 }

@@ -82,16 +82,16 @@ func TestPrivilegedClusterIPTraffic(t *testing.T) {
 	n.sync(p2, svcOn(8081), dataplane.SyncRequest{Full: true})
 	expect("restart", "pod-8081")
 	st := p2.fams[model.IPv4]
-	want := st.want
+	want := st.wantText()
 	n.In(n.Node, func() {
 		if err := st.readKernel(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 	})
 	for name, elems := range want {
-		for k, ref := range elems {
-			if got, ok := st.kElems[name][k]; !ok || got != ref.e.Value {
-				t.Errorf("kernel element %s %q reads back as %q (present %v), rendered %q", name, k, got, ok, ref.e.Value)
+		for k, v := range elems {
+			if got, ok := st.kElems[name][k]; !ok || got != v {
+				t.Errorf("kernel element %s %q reads back as %q (present %v), rendered %q", name, k, got, ok, v)
 			}
 		}
 	}
@@ -195,7 +195,7 @@ func TestPrivilegedFeatureTables(t *testing.T) {
 	n.sync(p2, snap, dataplane.SyncRequest{Full: true})
 	for _, f := range cfg.Families {
 		st := p2.fams[f]
-		want := st.want
+		want := st.wantText()
 		n.In(n.Node, func() {
 			if err := st.readKernel(context.Background()); err != nil {
 				t.Fatal(err)
@@ -203,10 +203,10 @@ func TestPrivilegedFeatureTables(t *testing.T) {
 		})
 		count := 0
 		for name, elems := range want {
-			for k, ref := range elems {
+			for k, v := range elems {
 				count++
-				if got, ok := st.kElems[name][k]; !ok || got != ref.e.Value {
-					t.Errorf("%s: element %s %q reads back as %q (present %v), rendered %q", f, name, k, got, ok, ref.e.Value)
+				if got, ok := st.kElems[name][k]; !ok || got != v {
+					t.Errorf("%s: element %s %q reads back as %q (present %v), rendered %q", f, name, k, got, ok, v)
 				}
 			}
 		}
@@ -480,10 +480,8 @@ func TestPrivilegedDriftMonitor(t *testing.T) {
 
 // rangesMapOf names the endpoint-ranges map holding a port's endpoints.
 func rangesMapOf(t *testing.T, ps *portState) string {
-	for _, e := range ps.Elems {
-		if strings.HasPrefix(e.Set, mapEndpoints+"-") {
-			return e.Set
-		}
+	for _, f := range ps.Fills {
+		return f.b.shard
 	}
 	t.Fatal("the port has no endpoint-ranges elements")
 	return ""

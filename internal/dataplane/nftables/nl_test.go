@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"golang.org/x/sys/unix"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -249,5 +250,49 @@ func TestPooledBatchEqualsFresh(t *testing.T) {
 		if i == 0 && pool.Len() < 2 {
 			t.Fatalf("released %d chunks to the pool, want them all", pool.Len())
 		}
+	}
+}
+
+// TestRangeEncoding checks that an endpoint-ranges element encoded from
+// its numbers has the bytes of the same element encoded from its text,
+// for every block of every rendering, both verbs, and the ranges that
+// reach the top of the key space.
+func TestRangeEncoding(t *testing.T) {
+	count := 0
+	check := func(name string, f *fill) {
+		for i := range f.elems {
+			for _, verb := range []opVerb{opAdd, opDelete} {
+				text := f.element(i)
+				s := endpointSet("ip", "tcp", f.b.shard)
+				_, data := s.fields()
+				want, err := encodeRangeElem(nil, nil, data, verb, text)
+				if err != nil {
+					t.Fatalf("%s: %v: %v", name, text, err)
+				}
+				got := encodeRange(nil, nil, verb, f.elems[i])
+				if !reflect.DeepEqual(got, want) {
+					t.Errorf("%s: %v (verb %d): got %+v, want %+v", name, text, verb, got, want)
+				}
+				count++
+			}
+		}
+	}
+	eachRendering(func(name string, fam model.Family, d *desired) {
+		for _, ps := range d.Ports {
+			for i := range ps.Fills {
+				check(name+"/"+fam.String(), &ps.Fills[i])
+			}
+		}
+	})
+	top := block{shard: "endpoint-ranges-tcp-00", index: blocksPerShard - 1}
+	for _, ip := range []string{"198.18.0.1", "fd00::1"} {
+		elems := blockRanges(top, 3)
+		for i := range elems {
+			elems[i].ep = dptest.EP(ip, 8080, false)
+		}
+		check("top of the key space/"+ip, &fill{b: top, elems: elems})
+	}
+	if count < 20 {
+		t.Errorf("only %d elements checked", count)
 	}
 }

@@ -99,7 +99,7 @@ func TestPortObjects(t *testing.T) {
 	d := render(dptest.Config(), snap.V4, snap.Node)
 	for _, sp := range snap.V4.Ports {
 		ps := d.Ports[sp.ID]
-		want := len(ps.Elems)
+		want := ps.elemCount()
 		for _, c := range ps.Chains {
 			want += len(c.Rules)
 		}

@@ -77,8 +77,11 @@ func (t *nlTxn) closeElems() {
 }
 
 func (t *nlTxn) queue(o op) error {
-	if o.obj == nil {
+	switch f := o.obj.(type) {
+	case nil:
 		return t.element(o.verb, *o.elem)
+	case *fill:
+		return t.rangeElement(o.verb, f.b.shard, f.elems[o.idx])
 	}
 	t.closeElems()
 	switch obj := o.obj.(type) {
@@ -169,6 +172,13 @@ func (t *nlTxn) element(verb opVerb, e element) error {
 	if err != nil {
 		return errNoNetlink
 	}
+	t.write(name, verb, elems)
+	return nil
+}
+
+// write adds encoded elements of set name to the open element list, or
+// to a new one when the set or the verb changes.
+func (t *nlTxn) write(name string, verb opVerb, elems []nlElem) {
 	if t.w == nil || t.wSet != name || t.wVerb != verb {
 		t.closeElems()
 		t.w, t.wSet, t.wVerb = t.b.elements(name, verb == opDelete), name, verb
@@ -176,7 +186,46 @@ func (t *nlTxn) element(verb opVerb, e element) error {
 	for _, el := range elems {
 		t.w.add(el)
 	}
+}
+
+// rangeElement encodes an element of the endpoint-ranges map name from
+// its numbers (encodeRange).
+func (t *nlTxn) rangeElement(verb opVerb, name string, e rangeElem) error {
+	if verb == opFlush || t.sets[name] == nil {
+		return errNoNetlink
+	}
+	if t.scratch == nil {
+		t.scratch = make([]byte, 0, 256)
+	}
+	t.write(name, verb, encodeRange(t.elems[:0], t.scratch[:0], verb, e))
 	return nil
+}
+
+// encodeRange encodes an endpoint-ranges element from its numbers, as
+// encodeRangeElem does from its text: the first key with the data
+// (address . port, each padded to 4 bytes), and the key after the last
+// one flagged as the end (none at the top of the key space).
+func encodeRange(dst []nlElem, scratch []byte, verb opVerb, e rangeElem) []nlElem {
+	key := binary.BigEndian.AppendUint32(scratch, e.lo)
+	el := nlElem{key: key}
+	rest := key[len(key):]
+	if verb != opDelete {
+		var data []byte
+		if e.ep.IP.Is4() {
+			a := e.ep.IP.As4()
+			data = append(rest, a[:]...)
+		} else {
+			a := e.ep.IP.As16()
+			data = append(rest, a[:]...)
+		}
+		el.data = append(binary.BigEndian.AppendUint16(data, e.ep.Port), 0, 0)
+		rest = el.data[len(el.data):]
+	}
+	dst = append(dst, el)
+	if end, ok := intervalEnd(binary.BigEndian.AppendUint32(rest, e.hi)); ok {
+		dst = append(dst, end)
+	}
+	return dst
 }
 
 // encodeElem encodes an element of s; a prefix in an interval set is two.

@@ -159,36 +159,36 @@ func (r *renderer) blockChain(c *portCtx, prefix string, eps []*model.Endpoint, 
 	if !ok {
 		return "", false
 	}
-	c.ps.Blocks = append(c.ps.Blocks, key)
-	rs := rules(r.fillBlock(c, b, eps))
+	rs := rules(r.fillBlock(c, key, b, eps))
 	ch := &chain{Rules: rs, Name: contentName(prefix, c.human+blockSuffix(b), rs...)}
 	c.ps.Chains = append(c.ps.Chains, ch)
 	return ch.Name, true
 }
 
-// fillBlock puts eps into block b as the port's algorithm needs them and
-// returns the map DNAT that picks among them.
-func (r *renderer) fillBlock(c *portCtx, b block, eps []*model.Endpoint) dnatMap {
+// fillBlock puts eps into block b (of allocator key key) as the port's
+// algorithm needs them and returns the map DNAT that picks among them.
+func (r *renderer) fillBlock(c *portCtx, key string, b block, eps []*model.Endpoint) dnatMap {
 	d := dnatMap{v6: r.v6, mod: blockSpan, offset: b.offset(), set: b.shard}
-	var keys []string
+	var elems []rangeElem
 	switch c.sp.Balancing {
 	case model.BalanceRoundRobin:
 		// One key per endpoint, taken in turn: the rule changes with the
 		// endpoint count (a new chain), unlike random's.
 		d.gen, d.mod = genInc, uint32(max(len(eps), 1))
-		keys = blockKeys(b, len(eps))
+		elems = blockKeys(b, len(eps))
 	case model.BalanceSourceHash:
 		table := model.SourceHashTable(eps)
 		d.gen, d.mod, d.seed = genHash, uint32(model.SourceHashSize(len(eps))), c.sp.SourceHashSeed()
 		var owners []int
-		keys, owners = tableRuns(b, table)
+		elems, owners = tableRuns(b, table)
 		eps = permute(eps, owners)
 	default:
-		keys = blockRanges(b, len(eps))
+		elems = blockRanges(b, len(eps))
 	}
-	for i, keyRange := range keys {
-		c.ps.Elems = append(c.ps.Elems, element{Set: b.shard, Key: keyRange, Value: addrPort(eps[i].IP, eps[i].Port)})
+	for i := range elems {
+		elems[i].ep = eps[i]
 	}
+	c.ps.Fills = append(c.ps.Fills, fill{key: key, b: b, elems: elems})
 	return d
 }
 

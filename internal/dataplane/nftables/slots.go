@@ -244,43 +244,40 @@ func parseBlockName(name string) (key, proto string, index uint32, ok bool) {
 	return prefix + " " + human[:i], parts[2], uint32(n), true
 }
 
-// blockRanges splits a block into n ranges, one per endpoint, as interval
-// element keys "first-last": sizes differ by at most one key.
-func blockRanges(b block, n int) []string {
-	out := make([]string, n)
+// blockRanges splits a block into n ranges, one per endpoint (their
+// endpoints left for the caller): sizes differ by at most one key.
+func blockRanges(b block, n int) []rangeElem {
+	out := make([]rangeElem, n)
 	base := uint64(b.offset())
-	var buf [24]byte
 	for i := range n {
-		lo := base + uint64(i)*blockSpan/uint64(n)
-		hi := base + uint64(i+1)*blockSpan/uint64(n) - 1
-		s := append(strconv.AppendUint(buf[:0], lo, 10), '-')
-		out[i] = string(strconv.AppendUint(s, hi, 10))
+		out[i].lo = uint32(base + uint64(i)*blockSpan/uint64(n))
+		out[i].hi = uint32(base + uint64(i+1)*blockSpan/uint64(n) - 1)
 	}
 	return out
 }
 
-// blockKeys are the first n keys of a block, one per endpoint, as interval
-// element keys "k-k".
-func blockKeys(b block, n int) []string {
-	out := make([]string, n)
+// blockKeys are the first n keys of a block, one per endpoint, as
+// one-key ranges.
+func blockKeys(b block, n int) []rangeElem {
+	out := make([]rangeElem, n)
 	for i := range n {
-		k := strconv.FormatUint(uint64(b.offset())+uint64(i), 10)
-		out[i] = k + "-" + k
+		k := b.offset() + uint32(i)
+		out[i].lo, out[i].hi = k, k
 	}
 	return out
 }
 
-// tableRuns turns a source-hash table into interval element keys of the
-// block: one per run of buckets with the same endpoint, and that endpoint's
-// index in owners.
-func tableRuns(b block, table []int32) (keys []string, owners []int) {
-	base := uint64(b.offset())
+// tableRuns turns a source-hash table into ranges of the block: one per
+// run of buckets with the same endpoint, and that endpoint's index in
+// owners.
+func tableRuns(b block, table []int32) (keys []rangeElem, owners []int) {
+	base := b.offset()
 	for lo := 0; lo < len(table); {
 		hi := lo
 		for hi+1 < len(table) && table[hi+1] == table[lo] {
 			hi++
 		}
-		keys = append(keys, strconv.FormatUint(base+uint64(lo), 10)+"-"+strconv.FormatUint(base+uint64(hi), 10))
+		keys = append(keys, rangeElem{lo: base + uint32(lo), hi: base + uint32(hi)})
 		owners = append(owners, int(table[lo]))
 		lo = hi + 1
 	}
@@ -294,7 +291,8 @@ func tableRuns(b block, table []int32) (keys []string, owners []int) {
 // every fixed set (adding an existing one changes nothing); an
 // incremental one only those the kernel lacks.
 func (st *famState) endpointMapOps(ps *portState, t *txn, full bool) {
-	for _, key := range ps.Blocks {
+	for _, f := range ps.Fills {
+		key := f.key
 		if name := st.slots.shardOfKey(key); t.maps[name] || (!full && st.kMaps[name]) {
 			continue
 		}

@@ -3,6 +3,8 @@ package nftables
 import (
 	"crypto/sha256"
 	"encoding/base32"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,12 +29,72 @@ type desired struct {
 }
 
 // portState is what one service port contributes: its own chains
-// (content-addressed names) and elements of the shared maps.
+// (content-addressed names), elements of the shared sets and maps, and
+// its policy chains' blocks of the endpoint-ranges maps.
 type portState struct {
 	Chains []*chain
 	Elems  []element
-	// Blocks are the slotAlloc keys of the endpoints-map blocks it uses.
-	Blocks []string
+	Fills  []fill
+}
+
+// fill is a policy chain's block of an endpoint-ranges map and what it
+// holds, in key order. A block has one owner, so its elements are diffed
+// per port (diffFill) and never counted in famState.want.
+type fill struct {
+	key   string // the slotAlloc key
+	b     block
+	elems []rangeElem
+}
+
+// rangeElem is one element of an endpoint-ranges map: keys lo..hi of a
+// block go to ep's address and port. It holds no text (16 bytes): a sync
+// at 10k Services × 100 endpoints holds a million of them, which as
+// element strings indexed in want took ~210 bytes each.
+type rangeElem struct {
+	lo, hi uint32
+	ep     *model.Endpoint
+}
+
+// element is e in the text form of the other elements (dry runs, traces,
+// the knftables fake, comparing with a kernel read).
+func (f *fill) element(i int) element {
+	e := f.elems[i]
+	return element{Set: f.b.shard, Key: rangeKey(e.lo, e.hi), Value: addrPort(e.ep.IP, e.ep.Port)}
+}
+
+// rangeKey is the interval key "lo-hi".
+func rangeKey(lo, hi uint32) string {
+	var buf [24]byte
+	b := append(strconv.AppendUint(buf[:0], uint64(lo), 10), '-')
+	return string(strconv.AppendUint(b, uint64(hi), 10))
+}
+
+// sameTarget reports whether two range elements map the same keys to the
+// same address and port.
+func (e rangeElem) sameTarget(o rangeElem) bool {
+	return e.lo == o.lo && e.hi == o.hi && e.ep.IP == o.ep.IP && e.ep.Port == o.ep.Port
+}
+
+// allElems is every element ps contributes in text form, the fills'
+// included (traces, verify, tests; not the sync's path).
+func (ps *portState) allElems() []element {
+	out := slices.Clone(ps.Elems)
+	for i := range ps.Fills {
+		f := &ps.Fills[i]
+		for j := range f.elems {
+			out = append(out, f.element(j))
+		}
+	}
+	return out
+}
+
+// elemCount is how many elements ps contributes.
+func (ps *portState) elemCount() int {
+	n := len(ps.Elems)
+	for _, f := range ps.Fills {
+		n += len(f.elems)
+	}
+	return n
 }
 
 // chain is a chain and its complete rule list.

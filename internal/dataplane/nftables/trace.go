@@ -62,7 +62,7 @@ func newDesiredSource(d *desired) *desiredSource {
 		for _, c := range ps.Chains {
 			s.chains[c.Name] = c
 		}
-		for _, e := range ps.Elems {
+		for _, e := range ps.allElems() {
 			add(e)
 		}
 	}

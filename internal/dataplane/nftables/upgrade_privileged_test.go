@@ -92,18 +92,18 @@ func upgradeFrom(t *testing.T, file, keptUntilUnused string) {
 		}
 		used := map[string]bool{}
 		for _, ps := range st.cur.Ports {
-			for _, key := range ps.Blocks {
-				name, _ := keyShard(key)
+			for _, f := range ps.Fills {
+				name, _ := keyShard(f.key)
 				used[name] = true
 			}
 		}
 		if !maps.Equal(st.kMaps, used) {
 			t.Errorf("%s: endpoint-ranges maps %v, want those in use %v", f, sortedNames(st.kMaps, 200), sortedNames(used, 200))
 		}
-		for name, elems := range st.want {
-			for k, ref := range elems {
-				if got, ok := st.kElems[name][k]; !ok || got != ref.e.Value {
-					t.Errorf("%s: element %s %q reads back as %q (present %v), rendered %q", f, name, k, got, ok, ref.e.Value)
+		for name, elems := range st.wantText() {
+			for k, v := range elems {
+				if got, ok := st.kElems[name][k]; !ok || got != v {
+					t.Errorf("%s: element %s %q reads back as %q (present %v), rendered %q", f, name, k, got, ok, v)
 				}
 			}
 			if len(st.kElems[name]) != len(elems) {

@@ -353,7 +353,7 @@ func (p *Proxier) PortObjects(fs *model.FamilySnapshot, node model.NodeInfo) map
 	out := make(map[model.PortID]int, len(fs.Ports))
 	for _, sp := range fs.Ports {
 		ps := r.port(sp)
-		n := len(ps.Elems)
+		n := ps.elemCount()
 		for _, c := range ps.Chains {
 			n += len(c.Rules)
 		}
