@@ -56,8 +56,11 @@ type desiredState struct {
 	seen  map[model.PortID]*model.ServicePort
 	// bySvc indexes the ports in seen by Service.
 	bySvc map[objects.Key][]model.PortID
-	// want is the refcounted union of the ports' elements, per set.
-	want map[string]map[string]elemRef
+	// want is the refcounted union of the ports' elements, per set (but
+	// for the endpoint-ranges maps, whose blocks are the ports' Fills, and
+	// the hairpin set, counted in hairpins).
+	want     map[string]map[string]elemRef
+	hairpins map[hairpinKey]int32
 }
 
 // kernelMirror is what kproxy believes the kernel's table holds.

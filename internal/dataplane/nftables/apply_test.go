@@ -589,6 +589,9 @@ func (st *famState) wantText() map[string]map[string]string {
 			put(*r.e)
 		}
 	}
+	for k := range st.hairpins {
+		put(k.element())
+	}
 	if st.cur != nil {
 		for _, ps := range st.cur.Ports {
 			for i := range ps.Fills {
@@ -599,4 +602,63 @@ func (st *famState) wantText() map[string]map[string]string {
 		}
 	}
 	return out
+}
+
+// TestApplySharedHairpinAndBlocks steps Services that share local
+// endpoints (one hairpin element, counted per port) through incremental
+// and full syncs, with a restart between: after each, the table is
+// exactly the rendering, and the hairpin element goes only with the last
+// port that has its endpoint.
+func TestApplySharedHairpinAndBlocks(t *testing.T) {
+	e := newApplyEnv(t)
+	e.cfg.Families = []model.Family{model.IPv4}
+	e.restart()
+	local := func(ip string) *model.Endpoint { return dptest.EP(ip, 8080, true) }
+	svc := func(name, ip string, eps ...*model.Endpoint) *model.ServicePort {
+		return dptest.Svc("ns", name, ip, 80, dptest.WithEPs(eps...))
+	}
+	a := svc("a", "198.19.0.1", local("198.18.64.10"), local("198.18.64.11"))
+	b := svc("b", "198.19.0.2", local("198.18.64.10"), dptest.EP("198.18.65.10", 8080, false))
+	c := svc("c", "198.19.0.3", local("198.18.64.12"))
+	steps := []struct {
+		name  string
+		snap  *model.Snapshot
+		req   dataplane.SyncRequest
+		has   []string // in the step's transaction
+		hasnt []string
+	}{
+		{"first", dptest.Snapshot(a, b, c), dataplane.SyncRequest{Full: true},
+			[]string{"198.18.64.10 . 198.18.64.10 . tcp . 8080", "198.18.64.11 . 198.18.64.11"}, nil},
+		{"a goes, its shared endpoint stays", dptest.Snapshot(b, c), dataplane.SyncRequest{},
+			[]string{"delete element ip kube-proxy hairpin-connections { 198.18.64.11 . 198.18.64.11"},
+			[]string{"198.18.64.10 . 198.18.64.10"}},
+		{"b loses it", dptest.Snapshot(svc("b", "198.19.0.2", dptest.EP("198.18.65.10", 8080, false)), c), dataplane.SyncRequest{},
+			[]string{"delete element ip kube-proxy hairpin-connections { 198.18.64.10 . 198.18.64.10"}, nil},
+		{"full resync, a back", dptest.Snapshot(a, svc("b", "198.19.0.2", dptest.EP("198.18.65.10", 8080, false)), c), dataplane.SyncRequest{Full: true},
+			[]string{"add element ip kube-proxy hairpin-connections { 198.18.64.10 . 198.18.64.10"}, nil},
+		{"c's endpoint count changes", dptest.Snapshot(a, svc("b", "198.19.0.2", dptest.EP("198.18.65.10", 8080, false)),
+			svc("c", "198.19.0.3", local("198.18.64.12"), local("198.18.64.13"), local("198.18.64.14"))), dataplane.SyncRequest{},
+			[]string{"0-349524 : 198.18.64.12 . 8080", "delete element ip kube-proxy endpoint-ranges-tcp-"}, nil},
+	}
+	for i, s := range steps {
+		if i == 3 {
+			e.restart() // the full sync reads the kernel back
+		}
+		e.sync(s.snap, s.req)
+		tx := e.k.lastTx(model.IPv4)
+		for _, want := range s.has {
+			if !strings.Contains(tx, want) {
+				t.Errorf("%s: transaction lacks %q:\n%s", s.name, want, tx)
+			}
+		}
+		for _, not := range s.hasnt {
+			if strings.Contains(tx, not) {
+				t.Errorf("%s: transaction has %q:\n%s", s.name, not, tx)
+			}
+		}
+		// Unreferenced chains and maps go a while later.
+		e.clock.Step(2 * time.Second)
+		e.sync(s.snap, dataplane.SyncRequest{Changed: map[objects.Key]struct{}{}})
+		e.checkKernel(s.snap)
+	}
 }

@@ -138,7 +138,15 @@ func (st *famState) elemOps(prev *desired, order []*portState, wantChains map[st
 		bySet[name] = make([]*element, 0, n)
 	}
 	fills := map[string][]*fill{}
+	prevHairpins := st.hairpins
+	st.hairpins = make(map[hairpinKey]int32, len(prevHairpins))
+	var hairpins []hairpinKey // each once, in port order
 	for _, ps := range order {
+		for _, k := range ps.Hairpin {
+			if st.hairpins[k]++; st.hairpins[k] == 1 {
+				hairpins = append(hairpins, k)
+			}
+		}
 		st.addWant(ps.Elems)
 		for i := range ps.Elems {
 			e := &ps.Elems[i]
@@ -155,11 +163,52 @@ func (st *famState) elemOps(prev *desired, order []*portState, wantChains map[st
 		prevFills = fillsByKey(prev)
 	}
 	for _, s := range sharedSets {
-		if isEndpointShard(s.Name) {
+		switch {
+		case isEndpointShard(s.Name):
 			st.diffShard(s.Name, fills[s.Name], prevFills, t)
-		} else {
+		case s.Name == setHairpin:
+			st.diffHairpins(hairpins, prevHairpins, t)
+		default:
 			st.diffFull(s.Name, prevWant[s.Name], bySet[s.Name], t)
 		}
+	}
+}
+
+// diffHairpins emits the changes of the hairpin set, whose elements are
+// now keys (each once, in port order): against the kernel's elements when
+// they were read, else against prev, the last render's counts.
+func (st *famState) diffHairpins(keys []hairpinKey, prev map[hairpinKey]int32, t *txn) {
+	if st.kElems != nil {
+		kernel := st.kElems[setHairpin] // taken apart as diffShard does
+		for _, k := range keys {
+			e := k.element()
+			if _, ok := kernel[e.Key]; ok {
+				delete(kernel, e.Key)
+				continue
+			}
+			t.adds = append(t.adds, elemOp(opAdd, &e, false))
+		}
+		for _, k := range slices.Sorted(maps.Keys(kernel)) {
+			t.dels = append(t.dels, elemOp(opDelete, &element{Set: setHairpin, Key: k}, false))
+		}
+		return
+	}
+	for _, k := range keys {
+		if prev[k] == 0 {
+			e := k.element()
+			t.adds = append(t.adds, elemOp(opAdd, &e, false))
+		}
+	}
+	var gone []hairpinKey
+	for k := range prev {
+		if st.hairpins[k] == 0 {
+			gone = append(gone, k)
+		}
+	}
+	slices.SortFunc(gone, hairpinKey.compare)
+	for _, k := range gone {
+		e := k.element()
+		t.dels = append(t.dels, elemOp(opDelete, &e, false))
 	}
 }
 

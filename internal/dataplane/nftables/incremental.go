@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"cmp"
+	"maps"
 	"slices"
 	"strings"
 
@@ -17,6 +18,7 @@ import (
 // against what it rendered before.
 func (st *famState) prepareIncremental(fs *model.FamilySnapshot, req dataplane.SyncRequest, t *txn) {
 	touched := map[string]map[string]prior{}
+	hairpins := map[hairpinKey]bool{}
 	for _, id := range st.changedPorts(fs, req) {
 		old := st.cur.Ports[id]
 		var next *portState
@@ -38,9 +40,58 @@ func (st *famState) prepareIncremental(fs *model.FamilySnapshot, req dataplane.S
 			}
 		}
 		st.diffPort(old, next, t, touched)
+		st.countHairpins(old, next, hairpins)
 	}
 	for name, keys := range touched {
 		st.diffElems(name, keys, t)
+	}
+	st.diffHairpinCounts(hairpins, t)
+}
+
+// countHairpins moves the hairpin counts from one rendering of a port to
+// the next (either may be nil), noting in before whether each key it
+// touches was in the set before this sync.
+func (st *famState) countHairpins(old, next *portState, before map[hairpinKey]bool) {
+	if st.hairpins == nil {
+		st.hairpins = map[hairpinKey]int32{}
+	}
+	for _, ps := range []*portState{old, next} {
+		if ps == nil {
+			continue
+		}
+		for _, k := range ps.Hairpin {
+			if _, ok := before[k]; !ok {
+				before[k] = st.hairpins[k] > 0
+			}
+		}
+	}
+	if old != nil {
+		for _, k := range old.Hairpin {
+			if st.hairpins[k]--; st.hairpins[k] <= 0 {
+				delete(st.hairpins, k)
+			}
+		}
+	}
+	if next != nil {
+		for _, k := range next.Hairpin {
+			st.hairpins[k]++
+		}
+	}
+}
+
+// diffHairpinCounts emits the hairpin elements that appeared or went.
+func (st *famState) diffHairpinCounts(before map[hairpinKey]bool, t *txn) {
+	for _, k := range slices.SortedFunc(maps.Keys(before), hairpinKey.compare) {
+		now := st.hairpins[k] > 0
+		if now == before[k] {
+			continue
+		}
+		e := k.element()
+		if now {
+			t.adds = append(t.adds, elemOp(opAdd, &e, false))
+		} else {
+			t.dels = append(t.dels, elemOp(opDelete, &e, false))
+		}
 	}
 }
 

@@ -216,8 +216,7 @@ func (r *renderer) dnat(c *portCtx, ep *model.Endpoint) rule {
 func (r *renderer) hairpin(c *portCtx) {
 	for _, ep := range c.sp.AllReachable {
 		if ep.IsLocal {
-			ip := ep.IP.String()
-			c.ps.Elems = append(c.ps.Elems, element{Set: setHairpin, Key: ip + fieldSep + ip + fieldSep + c.proto + fieldSep + strconv.Itoa(int(ep.Port))})
+			c.ps.Hairpin = append(c.ps.Hairpin, newHairpinKey(ep, c.proto))
 		}
 	}
 }

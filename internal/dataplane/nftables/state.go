@@ -1,8 +1,10 @@
 package nftables
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/base32"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,6 +37,35 @@ type portState struct {
 	Chains []*chain
 	Elems  []element
 	Fills  []fill
+	// Hairpin are the port's local endpoints: each is an element of the
+	// hairpin set, which ports share (famState.hairpins counts them).
+	Hairpin []hairpinKey
+}
+
+// hairpinKey is an element "ip . ip . proto . port" of the hairpin set,
+// without its text: a sync at 10k Services × 100 endpoints holds half a
+// million, of a few tens of thousands of distinct values.
+type hairpinKey struct {
+	ip    netip.Addr
+	port  uint16
+	proto uint8 // IPPROTO_*
+}
+
+// newHairpinKey is the key of an endpoint of a port of protocol proto
+// (tcp, udp, sctp).
+func newHairpinKey(ep *model.Endpoint, proto string) hairpinKey {
+	return hairpinKey{ip: ep.IP, port: ep.Port, proto: protoNumbers[proto]}
+}
+
+// element is k in text form.
+func (k hairpinKey) element() element {
+	ip := k.ip.String()
+	return element{Set: setHairpin, Key: ip + fieldSep + ip + fieldSep + protoNames[k.proto] + fieldSep + strconv.Itoa(int(k.port))}
+}
+
+// compare orders keys by address, then protocol, then port.
+func (k hairpinKey) compare(o hairpinKey) int {
+	return cmp.Or(k.ip.Compare(o.ip), cmp.Compare(k.proto, o.proto), cmp.Compare(k.port, o.port))
 }
 
 // fill is a policy chain's block of an endpoint-ranges map and what it
@@ -85,12 +116,15 @@ func (ps *portState) allElems() []element {
 			out = append(out, f.element(j))
 		}
 	}
+	for _, k := range ps.Hairpin {
+		out = append(out, k.element())
+	}
 	return out
 }
 
 // elemCount is how many elements ps contributes.
 func (ps *portState) elemCount() int {
-	n := len(ps.Elems)
+	n := len(ps.Elems) + len(ps.Hairpin)
 	for _, f := range ps.Fills {
 		n += len(f.elems)
 	}
