@@ -38,7 +38,7 @@ func (r *runBed) measureColdStart(ctx context.Context, c config, p params, objs 
 	deadline := began.Add(p.coldTimeout)
 	var targets []netip.AddrPort
 	for _, i := range sampleIndexes(objs.n) {
-		targets = append(targets, netip.AddrPortFrom(addrAdd(clusterIPBase, i), servicePort))
+		targets = append(targets, netip.AddrPortFrom(clusterIP(i), servicePort))
 	}
 	targets = append(targets, netip.AddrPortFrom(dpIP, servicePort))
 	answered, err := r.prober.waitAnswering(targets, 10*time.Millisecond, deadline, r.exited)
@@ -69,7 +69,7 @@ func (r *runBed) measureColdStart(ctx context.Context, c config, p params, objs 
 func (s *objectSet) allIPs() map[netip.Addr]bool {
 	out := map[netip.Addr]bool{dpIP: true, probeIP: true}
 	for i := range s.n {
-		out[addrAdd(clusterIPBase, i)] = true
+		out[clusterIP(i)] = true
 	}
 	return out
 }

@@ -11,6 +11,9 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
@@ -21,7 +24,7 @@ import (
 
 // The benchmark's API objects, all in namespace benchNS, all IPv4:
 //
-//	svc-00000 …   the N bulk Services, ClusterIP clusterIPBase+i, each with one
+//	svc-00000 …   the N bulk Services, ClusterIP clusterIP(i), each with one
 //	              EndpointSlice of M fake endpoints in the pod CIDRs (nothing
 //	              answers there), except the sample Services, whose endpoints
 //	              are the real echo pods
@@ -33,9 +36,13 @@ const (
 	servicePort  = 80
 	podPort      = 8080 // the echo pods' port
 	writeClients = 32   // concurrent API writers
-	maxServices  = 32000
-	sampleCount  = 16
-	triggerTime  = "endpoints.kubernetes.io/last-change-trigger-time"
+	maxServices  = narrowServices + 65000
+	// narrowServices is how many bulk Services take their ClusterIP from
+	// the API server's own range; the rest take theirs from
+	// controlplane.WideServiceCIDR4 (a ServiceCIDR object, ensureWideRange).
+	narrowServices = 32000
+	sampleCount    = 16
+	triggerTime    = "endpoints.kubernetes.io/last-change-trigger-time"
 )
 
 var (
@@ -52,6 +59,14 @@ const (
 	fakeLast          = 253
 	fakeEndpointSpace = 2 * (fakeLast - fakeFirst + 1)
 )
+
+// clusterIP is bulk Service i's ClusterIP.
+func clusterIP(i int) netip.Addr {
+	if i < narrowServices {
+		return addrAdd(clusterIPBase, i)
+	}
+	return addrAdd(controlplane.WideServiceCIDR4.Addr(), i-narrowServices+1)
+}
 
 // addrAdd returns a + n (IPv4).
 func addrAdd(a netip.Addr, n int) netip.Addr {
@@ -109,7 +124,7 @@ func newObjectSet(n, m int, affinity bool, pods []realPod) *objectSet {
 // traffic policies; every 10th with a second (UDP) port. Sample Services
 // are plain ClusterIP.
 func (s *objectSet) service(i int) *v1.Service {
-	svc := controlplane.NewService(benchNS, serviceName(i), []netip.Addr{addrAdd(clusterIPBase, i)},
+	svc := controlplane.NewService(benchNS, serviceName(i), []netip.Addr{clusterIP(i)},
 		controlplane.ServicePort("tcp", v1.ProtocolTCP, servicePort, podPort))
 	if s.sample[i] {
 		return svc
@@ -245,6 +260,31 @@ func (s *objectSet) create(ctx context.Context, c kubernetes.Interface, i int) e
 		return fmt.Errorf("bench: create endpointslice %s: %w", sl.Name, err)
 	}
 	return nil
+}
+
+// ensureWideRange adds controlplane.WideServiceCIDR4 as a ServiceCIDR
+// object and waits until the API server allocates from it (its Ready
+// condition), for the bulk Services past narrowServices.
+func ensureWideRange(ctx context.Context, cp *controlplane.ControlPlane) error {
+	cidrs := cp.Client.NetworkingV1().ServiceCIDRs()
+	obj := &networkingv1.ServiceCIDR{
+		ObjectMeta: metav1.ObjectMeta{Name: "bench-wide"},
+		Spec:       networkingv1.ServiceCIDRSpec{CIDRs: []string{controlplane.WideServiceCIDR4.String()}},
+	}
+	if _, err := cidrs.Create(ctx, obj, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("bench: create ServiceCIDR %s: %w", obj.Name, err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got, err := cidrs.Get(ctx, obj.Name, metav1.GetOptions{})
+		if err == nil && meta.IsStatusConditionTrue(got.Status.Conditions, networkingv1.ServiceCIDRConditionReady) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("bench: ServiceCIDR %s not ready after 30s (%v)", obj.Name, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // createFixed creates the probe Service (no endpoints yet) and the dp

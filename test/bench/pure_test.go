@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kproxy/kproxy/test/testbed/controlplane"
 )
 
 // Unprivileged checks of the benchmark's pure helpers (run without
@@ -106,8 +108,15 @@ func TestPureObjects(t *testing.T) {
 	if got := addrAdd(netip.MustParseAddr("198.18.130.250"), 10); got != netip.MustParseAddr("198.18.131.4") {
 		t.Errorf("addrAdd = %s", got)
 	}
-	if last := addrAdd(clusterIPBase, maxServices-1); !netip.MustParsePrefix("198.18.128.0/17").Contains(last) {
-		t.Errorf("Service %d's ClusterIP %s is outside the Service CIDR", maxServices-1, last)
+	for _, i := range []int{0, narrowServices - 1} {
+		if ip := clusterIP(i); !controlplane.ServiceCIDR4.Contains(ip) {
+			t.Errorf("Service %d's ClusterIP %s is outside the API server's Service CIDR", i, ip)
+		}
+	}
+	for _, i := range []int{narrowServices, maxServices - 1} {
+		if ip, wide := clusterIP(i), controlplane.WideServiceCIDR4; !wide.Contains(ip) || ip == wide.Addr() || ip == lastAddr(wide) {
+			t.Errorf("Service %d's ClusterIP %s is not an allocatable address of %s", i, ip, wide)
+		}
 	}
 	pods := map[netip.Addr]bool{}
 	for _, p := range plannedPods() {
@@ -168,3 +177,6 @@ TCP  [fd00:0000:0000:0000:0000:0000:0000:0001]:0050 rr
 		}
 	}
 }
+
+// lastAddr is the last address of p (IPv4).
+func lastAddr(p netip.Prefix) netip.Addr { return addrAdd(p.Masked().Addr(), 1<<(32-p.Bits())-1) }

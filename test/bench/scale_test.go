@@ -106,6 +106,11 @@ func newSuite(t *testing.T, p params) *suite {
 	if err := cp.EnsureNamespace(ctx, benchNS); err != nil {
 		t.Fatal(err)
 	}
+	if p.services > narrowServices {
+		if err := ensureWideRange(ctx, cp); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, n := range benchLayout().Nodes {
 		if _, err := cp.CreateNode(ctx, n.Name, []netip.Prefix{n.PodCIDR4, n.PodCIDR6}, []netip.Addr{n.IP4, n.IP6}, n.Zone); err != nil {
 			t.Fatal(err)

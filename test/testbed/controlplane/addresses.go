@@ -12,6 +12,8 @@ import "net/netip"
 //	198.18.16.0/20       cluster CIDR (netbed): pod CIDRs 198.18.17.0/24, 198.18.18.0/24, ...
 //	198.18.64.0/24       LoadBalancer ingress / externalIPs for tests (LoadBalancerCIDR4)
 //	198.18.128.0/17      Service ClusterIPs (ServiceCIDR4)
+//	198.19.0.0/16        a second Service range, a ServiceCIDR object the scale
+//	                     benchmark adds past 32,000 Services (WideServiceCIDR4)
 //
 //	fd00:0:0:10::/64     node network (netbed)
 //	fd00:0:0:100::/56    cluster CIDR (netbed): pod CIDRs fd00:0:0:101::/64, ...
@@ -26,6 +28,11 @@ var (
 	// address of ServiceCIDR4 (KubernetesServiceIP4).
 	ServiceCIDR4 = netip.MustParsePrefix("198.18.128.0/17")
 	ServiceCIDR6 = netip.MustParsePrefix("fd00:0:0:ffff::/112")
+
+	// WideServiceCIDR4 is a second IPv4 Service range for benchmarks that
+	// need more ClusterIPs than ServiceCIDR4 holds: not in the API
+	// server's flags, added as a networking.k8s.io ServiceCIDR object.
+	WideServiceCIDR4 = netip.MustParsePrefix("198.19.0.0/16")
 
 	// KubernetesServiceIP4 is the ClusterIP of default/kubernetes.
 	KubernetesServiceIP4 = netip.MustParseAddr("198.18.128.1")
