@@ -87,7 +87,9 @@ type kernelMirror struct {
 }
 
 // sharedSets are the sets and maps whose elements come from service ports.
-var sharedSets = func() []*set {
+var sharedSets = makeSharedSets()
+
+func makeSharedSets() []*set {
 	var out []*set
 	for _, s := range (&renderer{addrType: "ipv4_addr", ipX: "ip"}).knownSets() {
 		if !isConfigSet(s.Name) && !isDynamicSet(s.Name) {
@@ -95,16 +97,18 @@ var sharedSets = func() []*set {
 		}
 	}
 	return out
-}()
+}
 
 // sharedMaps names the shared sets that are maps.
-var sharedMaps = func() map[string]bool {
+var sharedMaps = makeSharedMaps()
+
+func makeSharedMaps() map[string]bool {
 	out := map[string]bool{}
 	for _, s := range sharedSets {
 		out[s.Name] = s.IsMap
 	}
 	return out
-}()
+}
 
 // isMapName reports whether a shared set is a map.
 func isMapName(name string) bool { return sharedMaps[name] }

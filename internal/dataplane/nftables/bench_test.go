@@ -124,7 +124,8 @@ func BenchmarkColdSync10k(b *testing.B) {
 // Drifted cost (nothing committed since the last check, and after a
 // foreign commit), a new-chain change, and a restart sync. It runs only
 // with KPROXY_SCALE=1 (sizes: KPROXY_SCALE_SIZES, default "1000,10000";
-// endpoints per Service: KPROXY_SCALE_ENDPOINTS, default 10;
+// endpoints per Service: KPROXY_SCALE_ENDPOINTS, default 10; TCP
+// endpoint-ranges maps: KPROXY_SCALE_TCP_SHARDS, default shardCount's;
 // KPROXY_SCALE_CPU=file writes the cold sync's CPU profile).
 //
 //	sudo KPROXY_SCALE=1 KPROXY_SCALE_SIZES=10000 KPROXY_SCALE_ENDPOINTS=100 \
@@ -136,6 +137,23 @@ func TestPrivilegedScale(t *testing.T) {
 	for _, n := range dptest.ScaleSizes(t, "1000,10000") {
 		t.Run(fmt.Sprint(n), func(t *testing.T) { scaleRun(t, n) })
 	}
+}
+
+// setTCPShards changes how many TCP endpoint-ranges maps there are, for
+// measuring shardCount (KPROXY_SCALE_TCP_SHARDS in the scale tests).
+func setTCPShards(t testing.TB) {
+	env := os.Getenv("KPROXY_SCALE_TCP_SHARDS")
+	if env == "" {
+		return
+	}
+	n, err := strconv.Atoi(env)
+	if err != nil || n < 1 || n > 9999 {
+		t.Fatalf("KPROXY_SCALE_TCP_SHARDS: %q is not a map count", env)
+	}
+	shardCount["tcp"] = n
+	shardNames = makeShardNames()
+	sharedSets = makeSharedSets()
+	sharedMaps = makeSharedMaps()
 }
 
 // scaleEndpoints is the endpoints per Service of the scale tests.
@@ -151,6 +169,7 @@ func scaleEndpoints(t testing.TB) int {
 func scaleRun(t *testing.T, n int) {
 	tn := newTestNet(t)
 	eps := scaleEndpoints(t)
+	setTCPShards(t)
 	for _, phase := range []string{"prepared", "cold", "restart"} {
 		if w := dptest.WaitKernelQuiet(30 * time.Second); w > time.Second {
 			t.Logf("waited %v for the kernel to finish earlier teardowns", w.Round(time.Millisecond))
@@ -306,6 +325,7 @@ func TestPrivilegedScaleChild(t *testing.T) {
 	}
 	f := strings.Split(env, ",")
 	n, _ := strconv.Atoi(f[1])
+	setTCPShards(t)
 	snap := scaleSnapshot(n, scaleEndpoints(t))
 	p, _ := New(privConfig())
 	var prepared *preparedKernel

@@ -142,7 +142,7 @@ func (st *famState) elemOps(prev *desired, order []*portState, wantChains map[st
 	st.hairpins = make(map[hairpinKey]int32, len(prevHairpins))
 	var hairpins []hairpinKey // each once, in port order
 	for _, ps := range order {
-		for _, k := range ps.Hairpin {
+		for k := range ps.hairpinKeys {
 			if st.hairpins[k]++; st.hairpins[k] == 1 {
 				hairpins = append(hairpins, k)
 			}

@@ -59,21 +59,21 @@ func (st *famState) countHairpins(old, next *portState, before map[hairpinKey]bo
 		if ps == nil {
 			continue
 		}
-		for _, k := range ps.Hairpin {
+		for k := range ps.hairpinKeys {
 			if _, ok := before[k]; !ok {
 				before[k] = st.hairpins[k] > 0
 			}
 		}
 	}
 	if old != nil {
-		for _, k := range old.Hairpin {
+		for k := range old.hairpinKeys {
 			if st.hairpins[k]--; st.hairpins[k] <= 0 {
 				delete(st.hairpins, k)
 			}
 		}
 	}
 	if next != nil {
-		for _, k := range next.Hairpin {
+		for k := range next.hairpinKeys {
 			st.hairpins[k]++
 		}
 	}

@@ -214,9 +214,19 @@ func (r *renderer) dnat(c *portCtx, ep *model.Endpoint) rule {
 // hairpin lists local endpoints so that an endpoint reaching itself through
 // the Service is masqueraded (else it would answer itself directly).
 func (r *renderer) hairpin(c *portCtx) {
+	n := 0
 	for _, ep := range c.sp.AllReachable {
 		if ep.IsLocal {
-			c.ps.Hairpin = append(c.ps.Hairpin, newHairpinKey(ep, c.proto))
+			n++
+		}
+	}
+	if n == 0 {
+		return
+	}
+	c.ps.Hairpin, c.ps.HairpinProto = make([]*model.Endpoint, 0, n), protoNumbers[c.proto]
+	for _, ep := range c.sp.AllReachable {
+		if ep.IsLocal {
+			c.ps.Hairpin = append(c.ps.Hairpin, ep)
 		}
 	}
 }

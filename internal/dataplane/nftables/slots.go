@@ -49,7 +49,9 @@ func endpointShard(proto string, i int) string {
 }
 
 // shardNames are the names of each protocol's endpoint-ranges maps.
-var shardNames = func() map[string][]string {
+var shardNames = makeShardNames()
+
+func makeShardNames() map[string][]string {
 	out := map[string][]string{}
 	for proto, n := range shardCount {
 		for i := range n {
@@ -57,7 +59,7 @@ var shardNames = func() map[string][]string {
 		}
 	}
 	return out
-}()
+}
 
 // shardOf is the map a policy chain's block lives in, from its allocator
 // key ("svc ns/name/proto/port"): a hash, so that a restart finds it again.

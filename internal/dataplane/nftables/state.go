@@ -37,24 +37,30 @@ type portState struct {
 	Chains []*chain
 	Elems  []element
 	Fills  []fill
-	// Hairpin are the port's local endpoints: each is an element of the
-	// hairpin set, which ports share (famState.hairpins counts them).
-	Hairpin []hairpinKey
+	// Hairpin are the port's local endpoints (protocol HairpinProto):
+	// each is an element of the hairpin set, which ports share
+	// (famState.hairpins counts them, by hairpinKey).
+	Hairpin      []*model.Endpoint
+	HairpinProto uint8
+}
+
+// hairpinKeys yields the hairpin set keys of ps's local endpoints.
+func (ps *portState) hairpinKeys(yield func(hairpinKey) bool) {
+	for _, ep := range ps.Hairpin {
+		if !yield(hairpinKey{ip: ep.IP, port: ep.Port, proto: ps.HairpinProto}) {
+			return
+		}
+	}
 }
 
 // hairpinKey is an element "ip . ip . proto . port" of the hairpin set,
-// without its text: a sync at 10k Services × 100 endpoints holds half a
-// million, of a few tens of thousands of distinct values.
+// without its text. Ports hold their local endpoints instead (8 bytes
+// each): a sync at 10k Services × 100 endpoints holds half a million, of
+// a few tens of thousands of distinct keys.
 type hairpinKey struct {
 	ip    netip.Addr
 	port  uint16
 	proto uint8 // IPPROTO_*
-}
-
-// newHairpinKey is the key of an endpoint of a port of protocol proto
-// (tcp, udp, sctp).
-func newHairpinKey(ep *model.Endpoint, proto string) hairpinKey {
-	return hairpinKey{ip: ep.IP, port: ep.Port, proto: protoNumbers[proto]}
 }
 
 // element is k in text form.
@@ -116,7 +122,7 @@ func (ps *portState) allElems() []element {
 			out = append(out, f.element(j))
 		}
 	}
-	for _, k := range ps.Hairpin {
+	for k := range ps.hairpinKeys {
 		out = append(out, k.element())
 	}
 	return out
