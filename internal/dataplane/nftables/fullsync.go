@@ -241,6 +241,10 @@ func (st *famState) diffShard(name string, fills []*fill, prev map[string]*fill,
 		kernel := st.kElems[name]
 		for _, f := range fills {
 			for i := range f.elems {
+				if len(kernel) == 0 { // a fresh map: no text keys to make
+					t.adds = append(t.adds, rangeOp(opAdd, f, i))
+					continue
+				}
 				k := rangeKey(f.elems[i].lo, f.elems[i].hi)
 				v, ok := kernel[k]
 				if ok {
