@@ -32,16 +32,21 @@ const blocksPerShard = 1 << 32 / blockSpan
 // bound to a map with data makes the kernel check the map's elements, and
 // each element added is checked against every bound rule (a loop over the
 // map's bindings in nft_add_set_elem), so a map's load costs rules ×
-// elements, and all maps' together ~1/shards. At 10k Services × 10
-// endpoints (a cold sync in a fresh process, 3d04ae6), 32 TCP maps took
-// 0.96-1.01 s with 29 % of the CPU in that loop, 128 maps 0.60-0.72 s, 256
-// no better; and smaller maps commit faster (the kernel's per-commit work
-// on an interval map grows with its size): one endpoint change 1.3-1.6 ms
-// p50 with 32 maps, 0.5 ms with 128. Measure with `KPROXY_SCALE=1 go test
-// -run 'PrivilegedScale$' -v ./internal/dataplane/nftables/` (root),
-// changing this map. It also bounds the ports per protocol and family: shards ×
-// blocksPerShard (524k TCP ports).
-var shardCount = map[string]int{"tcp": 128, "udp": 32, "sctp": 8}
+// elements, and all maps' together ~1/shards; and smaller maps commit
+// faster (the kernel's per-commit work on an interval map grows with its
+// size). At 10k Services × 10 endpoints (a cold sync in a fresh process,
+// 3d04ae6), 32 TCP maps took 0.96-1.01 s with 29 % of the CPU in that
+// loop, 128 maps 0.60-0.72 s, 256 no better; one endpoint change 1.3-1.6
+// ms p50 with 32 maps, 0.5 ms with 128. At 10k × 100 (2026-11-27, two
+// runs each) 512 maps take the kernel's commit of the cold sync from
+// 3.7-4.1 s to 2.7 s and the cold sync from 4.0-4.2 s to 3.0 s, one
+// endpoint change from 2.1-2.2 to 1.4 ms p50; 1024 no better; at 10k × 10
+// no difference beyond the noise, at 1k × 10 ~20 ms more cold sync (more
+// maps to create). Measure with `KPROXY_SCALE=1 KPROXY_SCALE_TCP_SHARDS=N
+// KPROXY_SCALE_ENDPOINTS=M go test -run 'PrivilegedScale$' -v
+// ./internal/dataplane/nftables/` (root). It also bounds the ports per
+// protocol and family: shards × blocksPerShard (2M TCP ports).
+var shardCount = map[string]int{"tcp": 512, "udp": 32, "sctp": 8}
 
 // endpointShard names an endpoint-ranges map.
 func endpointShard(proto string, i int) string {
