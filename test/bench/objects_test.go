@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -260,6 +261,51 @@ func (s *objectSet) create(ctx context.Context, c kubernetes.Interface, i int) e
 		return fmt.Errorf("bench: create endpointslice %s: %w", sl.Name, err)
 	}
 	return nil
+}
+
+// bareList lists the bench's Services and EndpointSlices once with c
+// (protobuf, no client-side rate limit), decoding them as any client does,
+// and returns how long it took.
+func bareList(ctx context.Context, c kubernetes.Interface) (time.Duration, error) {
+	start := time.Now()
+	svcs, err := c.CoreV1().Services(benchNS).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return 0, fmt.Errorf("list services: %w", err)
+	}
+	slices, err := c.DiscoveryV1().EndpointSlices(benchNS).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return 0, fmt.Errorf("list endpointslices: %w", err)
+	}
+	d := time.Since(start)
+	if len(svcs.Items) == 0 || len(slices.Items) == 0 {
+		return 0, fmt.Errorf("listed %d Services and %d slices", len(svcs.Items), len(slices.Items))
+	}
+	return d, nil
+}
+
+// inputsSynced finds when kproxy logged that its inputs were synced (klog
+// gives the time of day only: taken on began's day, in UTC).
+func inputsSynced(log string, began time.Time) (time.Time, bool) {
+	for _, line := range strings.Split(log, "\n") {
+		if !strings.Contains(line, "Inputs synced") {
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			return time.Time{}, false
+		}
+		tod, err := time.Parse("15:04:05.000000", f[1])
+		if err != nil {
+			return time.Time{}, false
+		}
+		b := began.UTC()
+		at := time.Date(b.Year(), b.Month(), b.Day(), tod.Hour(), tod.Minute(), tod.Second(), tod.Nanosecond(), time.UTC)
+		if at.Before(b.Add(-time.Hour)) { // past midnight
+			at = at.Add(24 * time.Hour)
+		}
+		return at, true
+	}
+	return time.Time{}, false
 }
 
 // ensureWideRange adds controlplane.WideServiceCIDR4 as a ServiceCIDR

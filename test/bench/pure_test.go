@@ -180,3 +180,16 @@ TCP  [fd00:0000:0000:0000:0000:0000:0000:0001]:0050 rr
 
 // lastAddr is the last address of p (IPv4).
 func lastAddr(p netip.Prefix) netip.Addr { return addrAdd(p.Masked().Addr(), 1<<(32-p.Bits())-1) }
+
+func TestPureInputsSynced(t *testing.T) {
+	began := time.Date(2026, 11, 27, 23, 59, 58, 0, time.UTC)
+	log := "I1127 23:59:58.100000   22943 api.go:72] \"Watching the API server\"\n" +
+		"I1128 00:00:01.250000   22943 runner.go:182] \"Inputs synced, syncing may start\" logger=\"runner\"\n"
+	at, ok := inputsSynced(log, began)
+	if want := 3250 * time.Millisecond; !ok || at.Sub(began) != want {
+		t.Errorf("inputsSynced = %v, %v; want %v after start", at.Sub(began), ok, want)
+	}
+	if _, ok := inputsSynced("I1127 23:59:58.100000 1 x.go:1] nothing\n", began); ok {
+		t.Error("found in a log without the line")
+	}
+}

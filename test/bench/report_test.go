@@ -26,6 +26,8 @@ type metricDef struct {
 var metricDefs = []metricDef{
 	{"cold_start_s", "cold start: process start → all Services in the kernel and samples answering (s)", 2},
 	{"cold_traffic_s", "  of which: sample Services answering (s)", 2},
+	{"inputs_s", "  of which: inputs synced, the API's Services and slices in (s; kproxy's log)", 2},
+	{"bare_list_s", "a bare client's LIST of the same Services and slices, decoded (s; the floor of the above)", 2},
 	{"change_p50_ms", "endpoint change → first fresh connect seeing it, p50 (ms)", 1},
 	{"change_p90_ms", "  p90 (ms)", 1},
 	{"change_p99_ms", "  p99 (ms)", 1},

@@ -172,6 +172,13 @@ func (s *suite) run(t *testing.T, c config, f *figures) {
 	if w := dptest.WaitKernelQuiet(60 * time.Second); w > time.Second {
 		t.Logf("bench: waited %v for the kernel to finish earlier teardowns", w.Round(time.Millisecond))
 	}
+	// The floor of the proxy's initial list: a bare client's LIST of the
+	// same objects, decoded, nothing kept.
+	if d, err := bareList(ctx, s.writers[0]); err != nil {
+		f.note("bare list: %v", err)
+	} else {
+		f.set("bare_list_s", d.Seconds())
+	}
 	began, err := rb.start(s.p.binary(c.proxy), c.mode, kubeconfigFor(t, s.cp), extra...)
 	if err != nil {
 		t.Fatal(err)
@@ -192,6 +199,9 @@ func (s *suite) run(t *testing.T, c config, f *figures) {
 			t.Logf("bench: proxy log kept in %s", keep)
 		}
 		return
+	}
+	if at, ok := inputsSynced(rb.proc.Log(), began); ok {
+		f.set("inputs_s", at.Sub(began).Seconds())
 	}
 	t.Logf("bench: %s: cold start %.2f s", c, f.values["cold_start_s"])
 	w, err := newProbeWriter(ctx, s.writers[0], s.objs.realPods[2])
