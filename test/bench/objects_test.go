@@ -14,7 +14,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
@@ -309,8 +308,11 @@ func inputsSynced(log string, began time.Time) (time.Time, bool) {
 }
 
 // ensureWideRange adds controlplane.WideServiceCIDR4 as a ServiceCIDR
-// object and waits until the API server allocates from it (its Ready
-// condition), for the bulk Services past narrowServices.
+// object and waits until the API server allocates from it, for the bulk
+// Services past narrowServices: a dry-run Service with an address of the
+// range is accepted. (Without kube-controller-manager nothing sets the
+// range's Ready condition; the API server then takes it as ready once its
+// informer has it.)
 func ensureWideRange(ctx context.Context, cp *controlplane.ControlPlane) error {
 	cidrs := cp.Client.NetworkingV1().ServiceCIDRs()
 	obj := &networkingv1.ServiceCIDR{
@@ -320,18 +322,23 @@ func ensureWideRange(ctx context.Context, cp *controlplane.ControlPlane) error {
 	if _, err := cidrs.Create(ctx, obj, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("bench: create ServiceCIDR %s: %w", obj.Name, err)
 	}
+	probe := controlplane.NewService(benchNS, "bench-wide-probe", []netip.Addr{lastAddr(controlplane.WideServiceCIDR4).Prev()},
+		controlplane.ServicePort("tcp", v1.ProtocolTCP, servicePort, podPort))
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		got, err := cidrs.Get(ctx, obj.Name, metav1.GetOptions{})
-		if err == nil && meta.IsStatusConditionTrue(got.Status.Conditions, networkingv1.ServiceCIDRConditionReady) {
+		_, err := cp.Client.CoreV1().Services(benchNS).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err == nil {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("bench: ServiceCIDR %s not ready after 30s (%v)", obj.Name, err)
+			return fmt.Errorf("bench: the API server does not allocate from ServiceCIDR %s after 30s: %w", obj.Name, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// lastAddr is the last address of p (IPv4).
+func lastAddr(p netip.Prefix) netip.Addr { return addrAdd(p.Masked().Addr(), 1<<(32-p.Bits())-1) }
 
 // createFixed creates the probe Service (no endpoints yet) and the dp
 // Service (the real pods).

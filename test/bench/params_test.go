@@ -39,6 +39,7 @@ type params struct {
 	echoBin     string        // KPROXY_ECHO, default bin/kproxy-echo
 	upstreamBin string        // KPROXY_UPSTREAM, default next to the cached kube-apiserver
 	etcd        string        // the control plane's etcd version (KPROXY_ETCD chooses the binary)
+	proxyFlags  []string      // BENCH_PROXY_FLAGS: more flags for the proxy (space-separated)
 }
 
 func loadParams() (params, error) {
@@ -75,6 +76,7 @@ func loadParams() (params, error) {
 		command:     os.Getenv("BENCH_COMMAND"),
 		appendRuns:  os.Getenv("BENCH_APPEND") == "1",
 		profile:     os.Getenv("BENCH_PROFILE"),
+		proxyFlags:  strings.Fields(os.Getenv("BENCH_PROXY_FLAGS")),
 		affinity:    num("BENCH_AFFINITY", 10),
 		balancing:   num("BENCH_BALANCING", 0),
 		kproxyBin:   envOr("KPROXY_BIN", repoPath("bin/kproxy")),

@@ -178,9 +178,6 @@ TCP  [fd00:0000:0000:0000:0000:0000:0000:0001]:0050 rr
 	}
 }
 
-// lastAddr is the last address of p (IPv4).
-func lastAddr(p netip.Prefix) netip.Addr { return addrAdd(p.Masked().Addr(), 1<<(32-p.Bits())-1) }
-
 func TestPureInputsSynced(t *testing.T) {
 	began := time.Date(2026, 11, 27, 23, 59, 58, 0, time.UTC)
 	log := "I1127 23:59:58.100000   22943 api.go:72] \"Watching the API server\"\n" +

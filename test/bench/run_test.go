@@ -71,6 +71,7 @@ type runBed struct {
 	node   *netbed.Node
 	prober prober
 	proc   *netbed.Process
+	flags  []string // BENCH_PROXY_FLAGS
 }
 
 func newRunBed(t *testing.T, p params) *runBed {
@@ -96,7 +97,7 @@ func newRunBed(t *testing.T, p params) *runBed {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &runBed{t: t, bed: bed, node: bed.Node("node1"), prober: prober{ns: client.Netns}}
+	return &runBed{t: t, bed: bed, node: bed.Node("node1"), prober: prober{ns: client.Netns}, flags: p.proxyFlags}
 }
 
 // start runs the proxy on node1 with upstream kube-proxy flags only.
@@ -112,7 +113,7 @@ func (r *runBed) start(bin, mode, kubeconfig string, extra ...string) (time.Time
 		"--conntrack-max-per-core", "0", // nf_conntrack_max is global: leave it alone
 		"--v", "2",
 	}
-	args = append(args, extra...)
+	args = append(append(args, r.flags...), extra...)
 	began := time.Now()
 	proc, err := n.Start(filepath.Base(bin), args...)
 	r.proc = proc
