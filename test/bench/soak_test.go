@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,7 +39,8 @@ import (
 //
 //	make e2e-long SOAK_SERVICES=10000 SOAK_DURATION=60s SOAK_RATE=100
 //
-// BENCH_PROXY_FLAGS adds flags to kproxy's (e.g.
+// BENCH_PROFILE=<dir> saves a CPU profile of kproxy over the churn's
+// first minute there. BENCH_PROXY_FLAGS adds flags to kproxy's (e.g.
 // --iptables-min-sync-period=0, which nftables mode takes too, as
 // upstream); the coalescing check is then skipped.
 //
@@ -70,7 +72,11 @@ func TestSoak(t *testing.T) {
 	if err := s.resetProbe(); err != nil {
 		t.Fatal(err)
 	}
-	began, err := rb.start(p.binary(c.proxy), c.mode, kubeconfigFor(t, s.cp))
+	var extra []string
+	if p.profile != "" {
+		extra = []string{"--profiling"}
+	}
+	began, err := rb.start(p.binary(c.proxy), c.mode, kubeconfigFor(t, s.cp), extra...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,6 +102,9 @@ func TestSoak(t *testing.T) {
 		t.Fatal(err)
 	}
 	u0 := smp.phaseStart()
+	if p.profile != "" {
+		go rb.captureProfile(t, filepath.Join(p.profile, "soak-churn.cpu.pprof"), fmt.Sprintf("profile?seconds=%d", int(min(duration, time.Minute).Seconds())))
+	}
 	prevSyncs := syncs0
 	start := time.Now()
 	tick := time.NewTicker(time.Duration(float64(time.Second) / rate))
