@@ -119,10 +119,15 @@ func newObjectSet(n, m int, affinity bool, pods []realPod) *objectSet {
 	return s
 }
 
-// service returns bulk Service i: mostly ClusterIP; every 20th a NodePort,
-// every 50th a LoadBalancer; some with ClientIP affinity, some with Local
-// traffic policies; every 10th with a second (UDP) port. Sample Services
-// are plain ClusterIP.
+// maxNodePorts bounds the NodePort Services: with the 250 LoadBalancers
+// (two ports each) they fill most of the API server's default range of
+// 2,768 node ports (reached past 44,000 Services otherwise).
+const maxNodePorts = 2000
+
+// service returns bulk Service i: mostly ClusterIP; every 20th a NodePort
+// (the first maxNodePorts of them), every 50th a LoadBalancer (the first
+// 250); some with ClientIP affinity, some with Local traffic policies;
+// every 10th with a second (UDP) port. Sample Services are plain ClusterIP.
 func (s *objectSet) service(i int) *v1.Service {
 	svc := controlplane.NewService(benchNS, serviceName(i), []netip.Addr{clusterIP(i)},
 		controlplane.ServicePort("tcp", v1.ProtocolTCP, servicePort, podPort))
@@ -135,7 +140,7 @@ func (s *objectSet) service(i int) *v1.Service {
 	switch {
 	case i%50 == 25 && i/50 < 250:
 		svc.Spec.Type = v1.ServiceTypeLoadBalancer
-	case i%20 == 10:
+	case i%20 == 10 && i/20 < maxNodePorts:
 		svc.Spec.Type = v1.ServiceTypeNodePort
 	}
 	if svc.Spec.Type != v1.ServiceTypeClusterIP && (i/10)%4 == 1 {
