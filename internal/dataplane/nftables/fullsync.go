@@ -188,9 +188,7 @@ func (st *famState) diffHairpins(keys []hairpinKey, prev map[hairpinKey]int32, t
 			}
 			t.adds = append(t.adds, elemOp(opAdd, &e, false))
 		}
-		for _, k := range slices.Sorted(maps.Keys(kernel)) {
-			t.dels = append(t.dels, elemOp(opDelete, &element{Set: setHairpin, Key: k}, false))
-		}
+		deleteLeft(setHairpin, kernel, false, t)
 		return
 	}
 	for _, k := range keys {
@@ -209,6 +207,15 @@ func (st *famState) diffHairpins(keys []hairpinKey, prev map[hairpinKey]int32, t
 	for _, k := range gone {
 		e := k.element()
 		t.dels = append(t.dels, elemOp(opDelete, &e, false))
+	}
+}
+
+// deleteLeft deletes, in key order, the elements of set name a kernel
+// read holds that no port wanted (those left after the wanted ones were
+// taken out of it).
+func deleteLeft(name string, kernel map[string]string, isMap bool, t *txn) {
+	for _, k := range slices.Sorted(maps.Keys(kernel)) {
+		t.dels = append(t.dels, elemOp(opDelete, &element{Set: name, Key: k}, isMap))
 	}
 }
 
@@ -249,7 +256,7 @@ func (st *famState) diffShard(name string, fills []*fill, prev map[string]*fill,
 				v, ok := kernel[k]
 				if ok {
 					delete(kernel, k)
-					if e := f.element(i); v == e.Value {
+					if ep := f.elems[i].ep; v == addrPort(ep.IP, ep.Port) {
 						continue
 					}
 					t.dels = append(t.dels, elemOp(opDelete, &element{Set: name, Key: k}, true))
@@ -257,9 +264,7 @@ func (st *famState) diffShard(name string, fills []*fill, prev map[string]*fill,
 				t.adds = append(t.adds, rangeOp(opAdd, f, i))
 			}
 		}
-		for _, k := range slices.Sorted(maps.Keys(kernel)) {
-			t.dels = append(t.dels, elemOp(opDelete, &element{Set: name, Key: k}, true))
-		}
+		deleteLeft(name, kernel, true, t)
 		return
 	}
 	seen := make(map[string]bool, len(fills))
