@@ -5,7 +5,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
@@ -69,8 +71,17 @@ func testServiceTrafficMetrics(t *testing.T, b *fbed, f family) {
 	}, "node1 counts %s's connections", svc.Name)
 	const n = 20
 	for _, fl := range flows {
-		if got := burst(fl.from, fl.req, n); len(got.failures) > 0 {
-			t.Fatalf("%s: %s", fl.what, got)
+		for i := range n {
+			r := fl.req
+			if r.Proto == echo.ProtoUDP {
+				// A UDP request from a kernel-chosen port can reuse the
+				// 5-tuple of an earlier one whose conntrack entry is still
+				// live, and so is not a new connection: pick fresh ports.
+				r.Src = netip.AddrPortFrom(netip.Addr{}, freshUDPPort())
+			}
+			if res := fl.from.Send(context.Background(), r); !res.OK() {
+				t.Fatalf("%s: request %d: %s %v", fl.what, i, res.Kind, res.Err)
+			}
 		}
 	}
 	after, err := scrapeTraffic(node)
@@ -89,6 +100,15 @@ func testServiceTrafficMetrics(t *testing.T, b *fbed, f family) {
 			t.Errorf("%s: %v packets, %v bytes for %d connections", port, pkts, bytes, 2*n)
 		}
 	}
+}
+
+// udpPorts hands out source ports below Linux's default ephemeral range
+// (32768-60999), each once per test process, so that no two requests share
+// a 5-tuple while a conntrack entry of the first may live (UDP: 30-120 s).
+var udpPorts atomic.Uint32
+
+func freshUDPPort() uint16 {
+	return uint16(20000 + udpPorts.Add(1)%12000)
 }
 
 // scrapeTraffic returns node's kproxy_service_* samples by series.
