@@ -56,10 +56,11 @@ e2e-ipvs: build testbed-deps
 SOAK_SERVICES ?= 1000
 SOAK_DURATION ?= 5m
 SOAK_RATE     ?= 10
+SOAK_CREATE_EVERY ?= 4
 SOAK_MODE     ?= nftables
 e2e-long: build testbed-deps
 	KPROXY_SOAK=1 BENCH_SERVICES=$(SOAK_SERVICES) BENCH_ENDPOINTS=10 BENCH_MODE=$(SOAK_MODE) BENCH_PROXY=kproxy \
-		SOAK_DURATION=$(SOAK_DURATION) SOAK_RATE=$(SOAK_RATE) \
+		SOAK_DURATION=$(SOAK_DURATION) SOAK_RATE=$(SOAK_RATE) SOAK_CREATE_EVERY=$(SOAK_CREATE_EVERY) \
 		KPROXY_BIN=$(abspath $(BIN))/kproxy KPROXY_ECHO=$(abspath $(BIN))/kproxy-echo \
 		$(GO) test -tags e2e -run TestSoak -count=1 -v -timeout 180m ./test/bench/ 2>&1 | tee $(BIN)/e2e-long.log | grep -E '^(=== RUN| *--- |PASS|FAIL|ok|panic)|soak:' ; rc=$${PIPESTATUS[0]}; [ $$rc = 0 ] || bash hack/failures.sh $(BIN)/e2e-long.log; exit $$rc
 

@@ -25,7 +25,9 @@ import (
 // BENCH_ENDPOINTS, then SOAK_DURATION (default 5m) of steady churn at
 // SOAK_RATE changes per second (default 10): three in four changes move
 // one bulk Service's endpoints, one in four creates a Service (and, once
-// 50 exist, deletes the oldest it created). It samples kproxy's RSS and
+// 50 exist, deletes the oldest it created); SOAK_CREATE_EVERY=N makes it
+// one in N, and 0 endpoint changes only (the sustained-churn
+// shape). It samples kproxy's RSS and
 // goroutines every 10 s and its sync durations per window, and reports
 // the slopes over the run after the first tenth (warm-up). It fails when
 // kproxy exits, when its goroutines grow past the warm-up count + 20 (a
@@ -38,6 +40,8 @@ import (
 // figure of docs/performance.md:
 //
 //	make e2e-long SOAK_SERVICES=10000 SOAK_DURATION=60s SOAK_RATE=100
+//	make e2e-long SOAK_SERVICES=10000 SOAK_DURATION=60s SOAK_RATE=100 SOAK_CREATE_EVERY=0 \
+//		BENCH_PROXY_FLAGS=--iptables-min-sync-period=0
 //
 // BENCH_PROFILE=<dir> saves a CPU profile of kproxy over the churn's
 // first minute there (four fifths of it). BENCH_PROXY_FLAGS adds flags to kproxy's (e.g.
@@ -62,6 +66,10 @@ func TestSoak(t *testing.T) {
 	rate, err := strconv.ParseFloat(envOr("SOAK_RATE", "10"), 64)
 	if err != nil || rate <= 0 {
 		t.Fatalf("SOAK_RATE: %q is not a positive rate", os.Getenv("SOAK_RATE"))
+	}
+	createEvery, err := strconv.Atoi(envOr("SOAK_CREATE_EVERY", "4"))
+	if err != nil || createEvery < 0 {
+		t.Fatalf("SOAK_CREATE_EVERY: %q is not a count (0: no Service created)", os.Getenv("SOAK_CREATE_EVERY"))
 	}
 	p.kproxyBin = privateCopy(t, p.kproxyBin)
 	c := config{proxy: "kproxy", mode: p.modes[0]}
@@ -94,6 +102,7 @@ func TestSoak(t *testing.T) {
 		limit = maxServices // the bench added the wide range
 	}
 	ch := newChurn(s, p.services, limit)
+	ch.createEvery = createEvery
 	var samples []soakSample
 	var windows []float64 // sync p99 per window, ms
 	window := max(duration/10, time.Minute)
@@ -190,6 +199,7 @@ type churn struct {
 	next                      int   // index of the next Service to create
 	limit                     int   // index past the last Service it may create
 	extra                     []int // created Services, oldest first
+	createEvery               int   // every createEvery-th change creates a Service; 0: none
 	wg                        sync.WaitGroup
 	inFlight                  chan struct{}
 	failed                    chan error
@@ -216,7 +226,7 @@ func (c *churn) step(ctx context.Context) error {
 	c.changes++
 	w := c.s.writers[c.changes%len(c.s.writers)]
 	var do func() error
-	if c.changes%4 == 0 && c.next < c.limit {
+	if c.createEvery > 0 && c.changes%c.createEvery == 0 && c.next < c.limit {
 		old := -1
 		if len(c.extra) == maxExtra {
 			old = c.extra[0]
