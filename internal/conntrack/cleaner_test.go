@@ -3,13 +3,17 @@ package conntrack
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/objects"
 )
 
 func snapshot(v4 ...*model.ServicePort) *model.Snapshot {
@@ -51,6 +55,58 @@ func TestCleanerClean(t *testing.T) {
 	if res[0].Err == nil {
 		t.Errorf("table error not reported: %+v", res)
 	}
+}
+
+// TestCleanerPartial: between snapshots the model derived one from the
+// other, Clean compares the changed Service's ports only, and cleans the
+// same flows as a comparison of every port would.
+func TestCleanerPartial(t *testing.T) {
+	ctx := context.Background()
+	in := model.Input{NodeName: "node1", Services: map[objects.Key]*objects.Service{}, Slices: map[objects.Key][]*objects.EndpointSlice{}}
+	const n = 100
+	for i := range n {
+		name := fmt.Sprintf("svc-%03d", i)
+		s := &objects.Service{Namespace: "ns", Name: name, Type: objects.ServiceTypeClusterIP,
+			ClusterIPs: []string{fmt.Sprintf("198.18.0.%d", i+1)},
+			Ports:      []objects.ServicePort{{Name: "dns", Protocol: "UDP", Port: 53}}}
+		in.Services[s.Key()] = s
+		in.Slices[s.Key()] = []*objects.EndpointSlice{udpSlice(name, fmt.Sprintf("198.19.0.%d", i+1))}
+	}
+	prev, _ := model.Build(in)
+	key := objects.Key{Namespace: "ns", Name: "svc-042"}
+	next := in
+	next.Slices = maps.Clone(in.Slices)
+	next.Slices[key] = []*objects.EndpointSlice{udpSlice(key.Name, "198.19.1.43")}
+	snap, _ := model.Update(prev, next, map[objects.Key]struct{}{key: {}})
+
+	gone := flow(model.UDP, "198.18.0.43:53", "198.19.0.43:53")
+	kept := flow(model.UDP, "198.18.0.43:53", "198.19.1.43:53")
+	other := flow(model.UDP, "198.18.0.44:53", "198.19.9.9:53") // stale, but its Service did not change
+	for _, full := range []bool{false, true} {
+		table := NewFakeTable()
+		table.Add(model.IPv4, gone, kept, other)
+		c := NewCleaner(table)
+		c.Clean(ctx, prev, snap, full)
+		want := []Flow{kept, other}
+		if full {
+			want = []Flow{kept}
+		}
+		if got := table.Flows(model.IPv4); !slices.Equal(got, want) {
+			t.Errorf("full=%v: flows left %v, want %v", full, got, want)
+		}
+		if !full && c.compared != 1 {
+			t.Errorf("a one-Service change compared %d ports, want 1", c.compared)
+		}
+		if full && c.compared != n {
+			t.Errorf("a full clean compared %d ports, want %d", c.compared, n)
+		}
+	}
+}
+
+func udpSlice(svc, addr string) *objects.EndpointSlice {
+	return &objects.EndpointSlice{Namespace: "ns", Name: svc + "-1", ServiceName: svc, AddressType: "IPv4",
+		Ports:     []objects.EndpointPort{{Name: "dns", Protocol: "UDP", Port: 53}},
+		Endpoints: []objects.Endpoint{{Address: addr, HasAddress: true, NodeName: "other"}}}
 }
 
 func TestToFlow(t *testing.T) {

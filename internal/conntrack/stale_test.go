@@ -1,10 +1,14 @@
 package conntrack
 
 import (
+	"cmp"
+	"maps"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/objects"
 )
 
 func ep(addr string, serving bool) *model.Endpoint {
@@ -155,18 +159,51 @@ func TestPlanPartial(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := NewPlan(tc.prev, tc.next, tc.full)
-			if p.Empty() != tc.empty {
-				t.Errorf("Empty() = %v, want %v", p.Empty(), tc.empty)
+			plans := map[string]*Plan{"NewPlan": NewPlan(tc.prev, tc.next, tc.full)}
+			if !tc.full {
+				// Every Service listed as changed: the same plan.
+				plans["NewPartialPlan"] = NewPartialPlan(tc.prev, tc.next, serviceKeys(tc.prev, tc.next))
 			}
-			if got := p.Stale(staleA); got != tc.wantA {
-				t.Errorf("Stale(flow to a) = %v, want %v", got, tc.wantA)
-			}
-			if got := p.Stale(staleB); got != tc.wantB {
-				t.Errorf("Stale(flow to b) = %v, want %v", got, tc.wantB)
+			for name, p := range plans {
+				if p.Empty() != tc.empty {
+					t.Errorf("%s: Empty() = %v, want %v", name, p.Empty(), tc.empty)
+				}
+				if got := p.Stale(staleA); got != tc.wantA {
+					t.Errorf("%s: Stale(flow to a) = %v, want %v", name, got, tc.wantA)
+				}
+				if got := p.Stale(staleB); got != tc.wantB {
+					t.Errorf("%s: Stale(flow to b) = %v, want %v", name, got, tc.wantB)
+				}
 			}
 		})
 	}
+	// A partial plan compares the listed Services only: b's change is not
+	// looked at when only a is listed, a's when only b is.
+	if p := NewPartialPlan(fam(a1, b), fam(&a3, &b2), []objects.Key{{Namespace: "ns", Name: "a"}}); !p.Stale(staleA) || p.Stale(staleB) {
+		t.Errorf("partial plan of a: Stale(a) = %v, Stale(b) = %v, want true, false", p.Stale(staleA), p.Stale(staleB))
+	}
+	if p := NewPartialPlan(fam(a1, b), fam(&a3, &b2), []objects.Key{{Namespace: "ns", Name: "b"}}); p.Stale(staleA) || !p.Stale(staleB) {
+		t.Errorf("partial plan of b: Stale(a) = %v, Stale(b) = %v, want false, true", p.Stale(staleA), p.Stale(staleB))
+	}
+	if p := NewPartialPlan(fam(a1, b), fam(&a3, &b2), nil); !p.Empty() {
+		t.Errorf("partial plan of no Service is not empty")
+	}
+}
+
+// serviceKeys lists the Services of the ports in fams, sorted, each once.
+func serviceKeys(fams ...*model.FamilySnapshot) []objects.Key {
+	seen := map[objects.Key]bool{}
+	for _, f := range fams {
+		if f == nil {
+			continue
+		}
+		for _, p := range f.Ports {
+			seen[p.ID.Service()] = true
+		}
+	}
+	return slices.SortedFunc(maps.Keys(seen), func(a, b objects.Key) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
 }
 
 func TestCountCPUList(t *testing.T) {
@@ -200,6 +237,9 @@ func TestPlanTCPBeforeRules(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := NewPlan(tc.prev, tc.next, false).Stale(synSent); got != tc.want {
 				t.Errorf("Stale = %v, want %v", got, tc.want)
+			}
+			if got := NewPartialPlan(tc.prev, tc.next, serviceKeys(tc.prev, tc.next)).Stale(synSent); got != tc.want {
+				t.Errorf("partial plan: Stale = %v, want %v", got, tc.want)
 			}
 		})
 	}

@@ -157,6 +157,8 @@ type Result struct {
 type Cleaner struct {
 	table Table
 	now   func() time.Time
+	// compared counts the ports its plans compared (for tests).
+	compared int
 }
 
 // NewCleaner returns a Cleaner over table.
@@ -169,6 +171,8 @@ func NewCleaner(table Table) *Cleaner { return &Cleaner{table: table, now: time.
 // again).
 func (c *Cleaner) Clean(ctx context.Context, prev, next *model.Snapshot, full bool) []Result {
 	var results []Result
+	changed, partial := next.ChangedSince(prev)
+	partial = partial && !full
 	for _, fam := range []model.Family{model.IPv4, model.IPv6} {
 		nextFam := next.Family(fam)
 		if nextFam == nil {
@@ -178,7 +182,14 @@ func (c *Cleaner) Clean(ctx context.Context, prev, next *model.Snapshot, full bo
 		if prev != nil {
 			prevFam = prev.Family(fam)
 		}
-		results = append(results, c.cleanFamily(ctx, NewPlan(prevFam, nextFam, full), fam))
+		var plan *Plan
+		if partial {
+			plan = NewPartialPlan(prevFam, nextFam, changed)
+		} else {
+			plan = NewPlan(prevFam, nextFam, full)
+		}
+		c.compared += plan.compared
+		results = append(results, c.cleanFamily(ctx, plan, fam))
 	}
 	return results
 }

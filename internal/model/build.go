@@ -57,6 +57,7 @@ func Build(in Input) (*Snapshot, []Problem) {
 		svcProblems:  b.svcProblems,
 		cidrs:        cidrs,
 		balancing:    in.Balancing,
+		gen:          snapshotGen.Add(1),
 	}
 	return s, s.Problems()
 }
@@ -102,6 +103,9 @@ func Update(prev *Snapshot, in Input, changed map[objects.Key]struct{}) (*Snapsh
 		svcProblems:  b.svcProblems,
 		cidrs:        cidrs,
 		balancing:    in.Balancing,
+		gen:          snapshotGen.Add(1),
+		parent:       prev.gen,
+		changed:      keys,
 	}, probs
 }
 

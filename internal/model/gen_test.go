@@ -248,6 +248,10 @@ func checkBuildAndUpdate(t *testing.T, data []byte) {
 		t.Fatalf("Update != Build\nchanged %v\nupdate v4 %v v6 %v\nbuild  v4 %v v6 %v", changed,
 			got.V4.Ports, got.V6.Ports, want.V4.Ports, want.V6.Ports)
 	}
+	checkChangedSince(t, s1, got)
+	if _, ok := want.ChangedSince(s1); ok {
+		t.Fatalf("a snapshot built whole claims to derive from another")
+	}
 	// Unchanged Services keep their ports (same pointers) when the node's
 	// name and zone stayed.
 	if s1.Node.Name == got.Node.Name && s1.Node.Zone == got.Node.Zone {
@@ -258,5 +262,34 @@ func checkBuildAndUpdate(t *testing.T, data []byte) {
 				}
 			}
 		}
+	}
+}
+
+// checkChangedSince checks next.ChangedSince(prev)'s promise: every port of
+// a Service it does not list is the same pointer in both snapshots.
+func checkChangedSince(t *testing.T, prev, next *Snapshot) {
+	t.Helper()
+	keys, ok := next.ChangedSince(prev)
+	if !ok {
+		return
+	}
+	if !slices.IsSortedFunc(keys, compareKeys) {
+		t.Fatalf("ChangedSince: keys not sorted: %v", keys)
+	}
+	listed := map[objects.Key]bool{}
+	for _, k := range keys {
+		listed[k] = true
+	}
+	for _, f := range families {
+		for _, pair := range [][2]*FamilySnapshot{{prev.Family(f), next.Family(f)}, {next.Family(f), prev.Family(f)}} {
+			for _, p := range pair[0].Ports {
+				if !listed[p.ID.Service()] && pair[1].Port(p.ID) != p {
+					t.Fatalf("ChangedSince does not list %s, whose port %s differs", p.ID.Service(), p.ID)
+				}
+			}
+		}
+	}
+	if _, again := next.ChangedSince(next); again {
+		t.Fatalf("a snapshot derives from itself")
 	}
 }

@@ -113,4 +113,13 @@ func problemFields(probs []Problem) []string {
 	return out
 }
 
-func equalSnapshots(a, b *Snapshot) bool { return reflect.DeepEqual(a, b) }
+// equalSnapshots compares content: not the lineage (gen, parent, changed).
+func equalSnapshots(a, b *Snapshot) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	ac, bc := *a, *b
+	ac.gen, ac.parent, ac.changed = 0, 0, nil
+	bc.gen, bc.parent, bc.changed = 0, 0, nil
+	return reflect.DeepEqual(&ac, &bc)
+}

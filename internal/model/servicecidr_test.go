@@ -2,7 +2,6 @@ package model
 
 import (
 	"net/netip"
-	"reflect"
 	"slices"
 	"testing"
 
@@ -99,7 +98,7 @@ func TestUpdateServiceCIDRs(t *testing.T) {
 	if len(probs) != 0 || !slices.Equal(got.ServiceCIDRs, prefixes("198.18.128.0/17", "fd00:0:0:ffff::/112")) {
 		t.Errorf("changed: problems %v, cidrs %v", probs, got.ServiceCIDRs)
 	}
-	if !reflect.DeepEqual(got, want) {
+	if !equalSnapshots(got, want) {
 		t.Errorf("Update = %+v, want Build's %+v", got, want)
 	}
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sort"
+	"sync/atomic"
 
 	"github.com/kproxy/kproxy/internal/objects"
 )
@@ -105,6 +106,34 @@ type Snapshot struct {
 	cidrs serviceCIDRs
 	// balancing is the Input.Balancing the ports were made with.
 	balancing BalancingOptions
+	// gen numbers the snapshot; parent is the gen of the snapshot Update
+	// derived it from (0: built whole) and changed the Services it rebuilt
+	// (sorted). Numbers, not a pointer: a chain of snapshots would keep
+	// every earlier one alive.
+	gen, parent uint64
+	changed     []objects.Key
+}
+
+// snapshotGen hands out Snapshot.gen.
+var snapshotGen atomic.Uint64
+
+// ChangedSince returns the Services whose ports may differ between prev
+// and s, sorted, when Update derived s from prev: every port of another
+// Service is then the same *ServicePort in both. False when s was built
+// whole (or from another snapshot), and the ports must be compared one by
+// one.
+func (s *Snapshot) ChangedSince(prev *Snapshot) ([]objects.Key, bool) {
+	if s == nil || prev == nil || s.parent == 0 || s.parent != prev.gen {
+		return nil, false
+	}
+	return s.changed, true
+}
+
+// ServicePorts returns the ports of the Service key (sorted by ID), by
+// binary search.
+func (fs *FamilySnapshot) ServicePorts(key objects.Key) []*ServicePort {
+	sp := fs.span(key)
+	return fs.Ports[sp[0]:sp[1]]
 }
 
 // Family returns the per-family part of the snapshot.
