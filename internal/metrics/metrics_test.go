@@ -65,6 +65,7 @@ var upstreamMetrics = []wantMetric{
 	{"kubeproxy_iptables_ct_state_invalid_dropped_packets_total", counterT, "packets dropped by iptables to work around conntrack problems", nil, 0, onlyIPT},
 	{"kubeproxy_iptables_localhost_nodeports_accepted_packets_total", counterT, "Number of packets accepted on nodeports of loopback interface", nil, 0, onlyIPT},
 	// kproxy's own.
+	{"kproxy_network_programming_duration_seconds", histogramT, "In Cluster Network Programming Latency in seconds, from an EndpointSlice's last-change-trigger-time to its rules in the kernel; finer buckets than kubeproxy_network_programming_duration_seconds", fam, 17 + 1, allModes},
 	{"kproxy_iptables_writer", gaugeT, "How iptables mode writes rules: 1 for the writer in use (netlink, in iptables-nft's encoding, or iptables-restore)", []string{"writer"}, 0, onlyIPT},
 }
 

@@ -142,6 +142,7 @@ func (m *Metrics) NetworkProgrammed(f model.Family, latency time.Duration) {
 		return
 	}
 	m.s.programming.WithLabelValues(f.String()).Observe(latency.Seconds())
+	m.s.programmingFine.WithLabelValues(f.String()).Observe(latency.Seconds())
 }
 
 // NoLocalEndpoints sets how many services of family f have a Local traffic

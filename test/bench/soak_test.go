@@ -106,7 +106,7 @@ func TestSoak(t *testing.T) {
 	var samples []soakSample
 	var windows []float64 // sync p99 per window, ms
 	window := max(duration/10, time.Minute)
-	syncs0, err := scrapeHistograms(ctx, rb.node.Netns, metricSync, metricProgramming)
+	syncs0, err := scrapeHistograms(ctx, rb.node.Netns, metricSync, metricProgrammingFine)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,12 +154,12 @@ func TestSoak(t *testing.T) {
 	if _, err := rb.waitKernel(ctx, c, want, time.Now().Add(30*time.Second)); err != nil {
 		t.Errorf("30 s after the churn the kernel lacks live Services: %v", err)
 	}
-	end, err := scrapeHistograms(ctx, rb.node.Netns, metricSync, metricProgramming)
+	end, err := scrapeHistograms(ctx, rb.node.Netns, metricSync, metricProgrammingFine)
 	if err != nil {
 		t.Fatal(err)
 	}
 	syncs := end[metricSync].sub(syncs0[metricSync])
-	prog := end[metricProgramming].sub(syncs0[metricProgramming])
+	prog := end[metricProgrammingFine].sub(syncs0[metricProgrammingFine])
 
 	warm := samples[:0:0]
 	for _, x := range samples {
