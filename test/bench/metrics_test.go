@@ -28,6 +28,7 @@ type histogram struct {
 	buckets map[float64]float64 // upper bound -> cumulative count
 	sum     float64
 	count   float64
+	series  int // label sets added up (e.g. 2 for a dual-stack proxy's ip_family)
 }
 
 // scrapeHistograms fetches /metrics in ns and returns the named histograms
@@ -69,6 +70,7 @@ func parseHistograms(text string, names ...string) map[string]histogram {
 				h.sum += value
 			case n + "_count":
 				h.count += value
+				h.series++
 			default:
 				continue
 			}
@@ -109,7 +111,7 @@ func labelValue(labels, key string) string {
 
 // sub returns h minus an earlier reading of the same histogram.
 func (h histogram) sub(before histogram) histogram {
-	out := histogram{buckets: map[float64]float64{}, sum: h.sum - before.sum, count: h.count - before.count}
+	out := histogram{buckets: map[float64]float64{}, sum: h.sum - before.sum, count: h.count - before.count, series: h.series}
 	for le, c := range h.buckets {
 		out.buckets[le] = c - before.buckets[le]
 	}

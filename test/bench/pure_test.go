@@ -33,8 +33,8 @@ kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv6"} 1
 other_metric 7
 `
 	h := parseHistograms(text, metricSync)[metricSync]
-	if h.count != 5 || math.Abs(h.sum-0.0105) > 1e-9 {
-		t.Fatalf("count %v sum %v, want 5 and 0.0105", h.count, h.sum)
+	if h.count != 5 || math.Abs(h.sum-0.0105) > 1e-9 || h.series != 2 {
+		t.Fatalf("count %v sum %v series %d, want 5, 0.0105 and 2", h.count, h.sum, h.series)
 	}
 	cases := []struct{ q, want float64 }{
 		{0.2, 0.0005},  // rank 1: half of the first bucket (2)
