@@ -1,7 +1,6 @@
 package conntrack
 
 import (
-	"cmp"
 	"maps"
 	"net/netip"
 	"slices"
@@ -201,9 +200,7 @@ func serviceKeys(fams ...*model.FamilySnapshot) []objects.Key {
 			seen[p.ID.Service()] = true
 		}
 	}
-	return slices.SortedFunc(maps.Keys(seen), func(a, b objects.Key) int {
-		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
-	})
+	return slices.SortedFunc(maps.Keys(seen), objects.Key.Compare)
 }
 
 func TestCountCPUList(t *testing.T) {

@@ -40,7 +40,7 @@ type Input struct {
 func Build(in Input) (*Snapshot, []Problem) {
 	node, nodeProbs := makeNodeInfo(in.NodeName, in.Node)
 	b := newBuilder(node, in.Balancing)
-	keys := slices.SortedFunc(maps.Keys(in.Services), compareKeys)
+	keys := slices.SortedFunc(maps.Keys(in.Services), objects.Key.Compare)
 	v4 := make([]*ServicePort, 0, len(keys))
 	v6 := make([]*ServicePort, 0)
 	for _, k := range keys {
@@ -88,7 +88,7 @@ func Update(prev *Snapshot, in Input, changed map[objects.Key]struct{}) (*Snapsh
 	if parsed {
 		probs = append(probs, cidrs.problems...)
 	}
-	keys := slices.SortedFunc(maps.Keys(changed), compareKeys)
+	keys := slices.SortedFunc(maps.Keys(changed), objects.Key.Compare)
 	var v4, v6 []*ServicePort
 	for _, k := range keys {
 		probs = append(probs, b.service(k, in.Services[k], in.Slices[k], &v4, &v6)...)
@@ -115,26 +115,10 @@ func Update(prev *Snapshot, in Input, changed map[objects.Key]struct{}) (*Snapsh
 func (s *Snapshot) Problems() []Problem {
 	out := slices.Clone(s.nodeProblems)
 	out = append(out, s.cidrs.problems...)
-	for _, k := range slices.SortedFunc(maps.Keys(s.svcProblems), compareKeys) {
+	for _, k := range slices.SortedFunc(maps.Keys(s.svcProblems), objects.Key.Compare) {
 		out = append(out, s.svcProblems[k]...)
 	}
 	return out
-}
-
-func compareKeys(a, b objects.Key) int {
-	if a.Namespace != b.Namespace {
-		if a.Namespace < b.Namespace {
-			return -1
-		}
-		return 1
-	}
-	switch {
-	case a.Name < b.Name:
-		return -1
-	case a.Name > b.Name:
-		return 1
-	}
-	return 0
 }
 
 // builder makes the ports of one Service after another.

@@ -179,7 +179,7 @@ func (g *gen) input() Input {
 		k := g.key()
 		in.Services[k] = g.service(k)
 	}
-	keys := slices.SortedFunc(maps.Keys(in.Services), compareKeys)
+	keys := slices.SortedFunc(maps.Keys(in.Services), objects.Key.Compare)
 	for n := g.intn(10); n > 0; n-- {
 		k := g.key()
 		if len(keys) > 0 && g.intn(4) != 0 {
@@ -273,7 +273,7 @@ func checkChangedSince(t *testing.T, prev, next *Snapshot) {
 	if !ok {
 		return
 	}
-	if !slices.IsSortedFunc(keys, compareKeys) {
+	if !slices.IsSortedFunc(keys, objects.Key.Compare) {
 		t.Fatalf("ChangedSince: keys not sorted: %v", keys)
 	}
 	listed := map[objects.Key]bool{}

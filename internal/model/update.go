@@ -48,7 +48,7 @@ func (fs *FamilySnapshot) replace(keys []objects.Key, fresh []*ServicePort) *Fam
 // span returns the range of fs.Ports that belongs to the Service key.
 func (fs *FamilySnapshot) span(key objects.Key) [2]int {
 	lo := sort.Search(len(fs.Ports), func(i int) bool {
-		return compareKeys(fs.Ports[i].ID.Service(), key) >= 0
+		return fs.Ports[i].ID.Service().Compare(key) >= 0
 	})
 	hi := lo
 	for hi < len(fs.Ports) && fs.Ports[hi].ID.Service() == key {

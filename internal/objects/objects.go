@@ -7,6 +7,8 @@
 // malformed object is reported once, in one place.
 package objects
 
+import "cmp"
+
 // Well-known labels, annotations and taints kproxy reads.
 const (
 	LabelServiceName       = "kubernetes.io/service-name"
@@ -33,6 +35,11 @@ const (
 type Key struct {
 	Namespace string
 	Name      string
+}
+
+// Compare orders keys by namespace, then name (-1, 0 or +1, as cmp.Compare).
+func (k Key) Compare(o Key) int {
+	return cmp.Or(cmp.Compare(k.Namespace, o.Namespace), cmp.Compare(k.Name, o.Name))
 }
 
 func (k Key) String() string {
