@@ -185,7 +185,8 @@ func (p *Plan) index() {
 			continue
 		}
 		// Indexed even without serving endpoints (then never cleaned).
-		changed := p.full && hasServing(port)
+		// A full plan cleans every port cleans allows whatever its past.
+		changed := p.full && cleans(port, port, true)
 		if old, ok := olds[port]; ok {
 			changed = cleans(old, port, false)
 		}
