@@ -132,16 +132,27 @@ func (b *fbed) addHashClients(t *testing.T, f family) []netip.Addr {
 // returns the pod each client reached; a client reaching two pods fails t.
 func (b *fbed) hashedPods(t *testing.T, clients []netip.Addr, dst netip.AddrPort) map[netip.Addr]string {
 	t.Helper()
+	out, err := b.tryHashedPods(clients, dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// tryHashedPods is hashedPods that returns a client reaching two pods (or
+// failing) as an error: while a change of endpoints is going in, a
+// client's two connections may straddle it.
+func (b *fbed) tryHashedPods(clients []netip.Addr, dst netip.AddrPort) (map[netip.Addr]string, error) {
 	out := map[netip.Addr]string{}
 	for _, c := range clients {
 		r := echo.Request{Proto: echo.ProtoTCP, Dst: dst, Src: netip.AddrPortFrom(c, 0)}
 		got := burst(b.bed.Client(), r, 2)
 		if len(got.failures) > 0 || len(got.byPod) != 1 {
-			t.Fatalf("client %s -> %s: %s; want both connections to one pod", c, dst, got)
+			return nil, fmt.Errorf("client %s -> %s: %s; want both connections to one pod", c, dst, got)
 		}
 		out[c] = got.pods()[0]
 	}
-	return out
+	return out, nil
 }
 
 // predictedPods is where kproxy's nftables rules send each client of a
@@ -210,11 +221,17 @@ func testBalancingSourceHash(t *testing.T, b *fbed, f family) {
 	b.setSlices(t, svc.Name, nil, readyEPs(rest...))
 	var after map[netip.Addr]string
 	for deadline := time.Now().Add(convergeTimeout); ; time.Sleep(resample) {
-		after = b.hashedPods(t, clients, dst)
-		if !slices.Contains(slices.Collect(maps.Values(after)), gone.PodName) {
+		// A pass in which every client reached one pod, none of them the
+		// pod that went, saw the change whole.
+		var err error
+		after, err = b.tryHashedPods(clients, dst)
+		if err == nil && !slices.Contains(slices.Collect(maps.Values(after)), gone.PodName) {
 			break
 		}
 		if time.Now().After(deadline) {
+			if err != nil {
+				t.Fatalf("after %s left the endpoints: %v", gone.PodName, err)
+			}
 			t.Fatalf("%s still answers after it left the endpoints", gone.PodName)
 		}
 		checkAbort(t, b.exited)
