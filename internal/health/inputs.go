@@ -24,12 +24,9 @@ func ServiceInputs(fs *model.FamilySnapshot) (ports map[objects.Key]uint16, loca
 		return ports, localReady
 	}
 	ips := map[objects.Key]map[netip.Addr]struct{}{}
-	for _, p := range fs.Ports {
-		if p.HealthCheckNodePort == 0 {
-			// Only Services with a health-check port are answered for:
-			// skipping the others keeps a sync at 10k Services cheap.
-			continue
-		}
+	// Only Services with a health-check port are answered for; the model
+	// keeps them apart, so a sync at 10k Services does not walk the others.
+	for _, p := range fs.HealthChecked() {
 		key := p.ID.Service()
 		ports[key] = p.HealthCheckNodePort
 		for _, ep := range p.Endpoints {

@@ -335,7 +335,7 @@ func ep(ip string, local, ready bool) *model.Endpoint {
 }
 
 func TestServiceInputs(t *testing.T) {
-	fs := &model.FamilySnapshot{Ports: []*model.ServicePort{
+	fs := model.NewFamilySnapshot(model.IPv4, []*model.ServicePort{
 		{ID: model.PortID{Namespace: "ns", Name: "a", Port: "http"}, HealthCheckNodePort: 30001,
 			Endpoints: []*model.Endpoint{ep("198.18.0.1", true, true), ep("198.18.0.2", true, false), ep("198.18.0.3", false, true)}},
 		{ID: model.PortID{Namespace: "ns", Name: "a", Port: "https"}, HealthCheckNodePort: 30001,
@@ -344,7 +344,7 @@ func TestServiceInputs(t *testing.T) {
 			Endpoints: []*model.Endpoint{ep("198.18.0.5", true, true)}},
 		{ID: model.PortID{Namespace: "ns", Name: "c"}, HealthCheckNodePort: 30003,
 			Endpoints: []*model.Endpoint{ep("198.18.0.6", false, true)}},
-	}}
+	})
 	ports, ready := ServiceInputs(fs)
 	wantPorts := map[objects.Key]uint16{svcA: 30001, {Namespace: "ns", Name: "c"}: 30003}
 	if !mapsEqual(ports, wantPorts) {
@@ -363,10 +363,10 @@ func TestServiceInputs(t *testing.T) {
 func TestServiceHealthSyncSnapshot(t *testing.T) {
 	n := newFakeNet()
 	s := newTestServiceServer(t, n, nil)
-	fs := &model.FamilySnapshot{Ports: []*model.ServicePort{
+	fs := model.NewFamilySnapshot(model.IPv4, []*model.ServicePort{
 		{ID: model.PortID{Namespace: "ns", Name: "a"}, HealthCheckNodePort: 30001,
 			Endpoints: []*model.Endpoint{ep("198.18.0.1", true, true)}},
-	}}
+	})
 	if err := s.SyncSnapshot(fs); err != nil {
 		t.Fatal(err)
 	}

@@ -154,7 +154,7 @@ func TestCountNoLocalEndpoints(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var fs *model.FamilySnapshot
 			if tc.ports != nil {
-				fs = &model.FamilySnapshot{Ports: tc.ports}
+				fs = model.NewFamilySnapshot(model.IPv4, tc.ports)
 			}
 			i, e := CountNoLocalEndpoints(fs)
 			if i != tc.wantInternal || e != tc.wantExtl {
@@ -208,7 +208,7 @@ func histogramSum(fams map[string]*dto.MetricFamily, name string, labels map[str
 
 func TestObserveSync(t *testing.T) {
 	end := time.Unix(1700000100, 0)
-	fs := &model.FamilySnapshot{Ports: []*model.ServicePort{port("a", true, true, 0, true)}}
+	fs := model.NewFamilySnapshot(model.IPv4, []*model.ServicePort{port("a", true, true, 0, true)})
 	tests := []struct {
 		name string
 		mode string

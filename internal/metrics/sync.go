@@ -68,22 +68,11 @@ func (m *Metrics) syncFailed(f model.Family) {
 
 // CountNoLocalEndpoints counts, as upstream's rule sync does, the service
 // ports that have endpoints but whose Local internal (respectively external)
-// traffic policy finds none on this node. Ports without any endpoint are
-// rejected outright and not counted.
+// traffic policy finds none on this node (model.FamilySnapshot's
+// NoLocalEndpoints, kept by the model: no walk over the ports per sync).
 func CountNoLocalEndpoints(fs *model.FamilySnapshot) (internal, external int) {
 	if fs == nil {
 		return 0, 0
 	}
-	for _, p := range fs.Ports {
-		if !p.HasEndpoints || len(p.LocalEndpoints) > 0 {
-			continue
-		}
-		if p.InternalPolicyLocal {
-			internal++
-		}
-		if p.ExternalPolicyLocal {
-			external++
-		}
-	}
-	return internal, external
+	return fs.NoLocalEndpoints()
 }

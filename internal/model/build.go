@@ -49,8 +49,8 @@ func Build(in Input) (*Snapshot, []Problem) {
 	cidrs := parseServiceCIDRs(in.ServiceCIDRs)
 	s := &Snapshot{
 		Node:         node,
-		V4:           newFamilySnapshot(IPv4, v4),
-		V6:           newFamilySnapshot(IPv6, v6),
+		V4:           NewFamilySnapshot(IPv4, v4),
+		V6:           NewFamilySnapshot(IPv6, v6),
 		ServiceCIDRs: cidrs.prefixes,
 		node:         in.Node,
 		nodeProblems: nodeProbs,

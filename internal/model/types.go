@@ -149,6 +149,50 @@ type FamilySnapshot struct {
 	Family Family
 	// Ports is sorted by ID (PortID.Less); Port finds one.
 	Ports []*ServicePort
+
+	// tally is what the metrics and the health server read after every
+	// sync, kept up to date by Update so that they do not walk Ports.
+	tally portTally
+}
+
+// portTally sums, over a set of ports, what is read after every sync.
+type portTally struct {
+	// noLocalInternal and noLocalExternal count the ports with endpoints
+	// whose Local internal (external) traffic policy finds none on this
+	// node.
+	noLocalInternal, noLocalExternal int
+	// healthChecked are the ports with a health-check node port, in Ports
+	// order.
+	healthChecked []*ServicePort
+}
+
+// add counts p in t.
+func (t *portTally) add(p *ServicePort) {
+	if p.HasEndpoints && len(p.LocalEndpoints) == 0 {
+		if p.InternalPolicyLocal {
+			t.noLocalInternal++
+		}
+		if p.ExternalPolicyLocal {
+			t.noLocalExternal++
+		}
+	}
+	if p.HealthCheckNodePort != 0 {
+		t.healthChecked = append(t.healthChecked, p)
+	}
+}
+
+// NoLocalEndpoints counts, as upstream's rule sync does, the ports that
+// have endpoints but whose Local internal (respectively external) traffic
+// policy finds none on this node. Ports without any endpoint are rejected
+// outright and not counted. It does not walk the ports.
+func (fs *FamilySnapshot) NoLocalEndpoints() (internal, external int) {
+	return fs.tally.noLocalInternal, fs.tally.noLocalExternal
+}
+
+// HealthChecked returns the ports with a health-check node port, sorted by
+// ID, without walking the others. The slice is shared: do not modify it.
+func (fs *FamilySnapshot) HealthChecked() []*ServicePort {
+	return fs.tally.healthChecked
 }
 
 // Port returns the port with id, or nil, by binary search. (No index map:

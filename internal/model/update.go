@@ -6,12 +6,17 @@ import (
 	"github.com/kproxy/kproxy/internal/objects"
 )
 
-// newFamilySnapshot indexes ports, which must be sorted by ID.
-func newFamilySnapshot(f Family, ports []*ServicePort) *FamilySnapshot {
+// NewFamilySnapshot makes the snapshot of family f with ports, which must be
+// sorted by ID, and their tally.
+func NewFamilySnapshot(f Family, ports []*ServicePort) *FamilySnapshot {
 	if len(ports) == 0 {
 		ports = nil
 	}
-	return &FamilySnapshot{Family: f, Ports: ports}
+	fs := &FamilySnapshot{Family: f, Ports: ports}
+	for _, p := range ports {
+		fs.tally.add(p)
+	}
+	return fs
 }
 
 // replace returns fs with the ports of the Services keys (sorted) replaced
@@ -42,7 +47,59 @@ func (fs *FamilySnapshot) replace(keys []objects.Key, fresh []*ServicePort) *Fam
 	if len(ports) == 0 {
 		ports = nil
 	}
-	return &FamilySnapshot{Family: fs.Family, Ports: ports}
+	return &FamilySnapshot{Family: fs.Family, Ports: ports, tally: fs.tally.replace(fs.Ports, spans, fresh)}
+}
+
+// replace returns t, the tally of ports, with the ports in spans taken out
+// and fresh counted, the health-checked ports kept in order. Its cost is
+// that of the changed ports and the health-checked ones, not of all.
+func (t portTally) replace(ports []*ServicePort, spans [][2]int, fresh []*ServicePort) portTally {
+	var gone, added portTally
+	for _, sp := range spans {
+		for _, p := range ports[sp[0]:sp[1]] {
+			gone.add(p)
+		}
+	}
+	for _, p := range fresh {
+		added.add(p)
+	}
+	out := portTally{
+		noLocalInternal: t.noLocalInternal - gone.noLocalInternal + added.noLocalInternal,
+		noLocalExternal: t.noLocalExternal - gone.noLocalExternal + added.noLocalExternal,
+		healthChecked:   t.healthChecked,
+	}
+	if len(gone.healthChecked) > 0 || len(added.healthChecked) > 0 {
+		// Merge: the kept ones in order, the fresh ones (sorted) at their
+		// place.
+		// gone's are a sorted subsequence of t's.
+		kept := make([]*ServicePort, 0, len(t.healthChecked))
+		g := gone.healthChecked
+		for _, p := range t.healthChecked {
+			if len(g) > 0 && g[0] == p {
+				g = g[1:]
+				continue
+			}
+			kept = append(kept, p)
+		}
+		out.healthChecked = mergePorts(kept, added.healthChecked)
+	}
+	return out
+}
+
+// mergePorts merges a and b, both sorted by ID.
+func mergePorts(a, b []*ServicePort) []*ServicePort {
+	if len(a)+len(b) == 0 {
+		return nil
+	}
+	out := make([]*ServicePort, 0, len(a)+len(b))
+	for len(a) > 0 && len(b) > 0 {
+		if b[0].ID.Less(a[0].ID) {
+			out, b = append(out, b[0]), b[1:]
+		} else {
+			out, a = append(out, a[0]), a[1:]
+		}
+	}
+	return append(append(out, a...), b...)
 }
 
 // span returns the range of fs.Ports that belongs to the Service key.

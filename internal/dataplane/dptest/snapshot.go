@@ -187,21 +187,20 @@ func usable(sp *model.ServicePort, local bool) []*model.Endpoint {
 // Snapshot assembles a snapshot of node-a from ports of both families,
 // each family's ports sorted by ID.
 func Snapshot(ports ...*model.ServicePort) *model.Snapshot {
-	s := &model.Snapshot{Node: Node(),
-		V4: &model.FamilySnapshot{Family: model.IPv4},
-		V6: &model.FamilySnapshot{Family: model.IPv6},
-	}
+	byFamily := map[model.Family][]*model.ServicePort{}
 	for _, sp := range ports {
-		fs := s.Family(sp.Family)
-		fs.Ports = append(fs.Ports, sp)
+		byFamily[sp.Family] = append(byFamily[sp.Family], sp)
 	}
-	for _, fs := range []*model.FamilySnapshot{s.V4, s.V6} {
-		slices.SortFunc(fs.Ports, func(a, b *model.ServicePort) int {
+	for _, fp := range byFamily {
+		slices.SortFunc(fp, func(a, b *model.ServicePort) int {
 			if a.ID.Less(b.ID) {
 				return -1
 			}
 			return 1
 		})
 	}
-	return s
+	return &model.Snapshot{Node: Node(),
+		V4: model.NewFamilySnapshot(model.IPv4, byFamily[model.IPv4]),
+		V6: model.NewFamilySnapshot(model.IPv6, byFamily[model.IPv6]),
+	}
 }
