@@ -33,7 +33,14 @@ func Run(ctx context.Context, o *config.Options) error {
 // GOMEMLIMIT is not set. It is applied only after a sync, once the live heap
 // is known: a limit below the live heap during the first sync makes the
 // collector run continuously (half the CPU of a 10k cold start, 2b945f5).
-const defaultMemoryLimit = 128 << 20
+// At 10k Services × 10 endpoints (live heap ~48 MB) the floor is what
+// binds: 128 MiB let RSS sit at ~124 MiB; 64 MiB held it at ~87 MiB but
+// the collector then cost 0.08 cores more under 100 endpoint changes/s;
+// 96 MiB gives ~97–110 MiB at the same CPU. Measure with the soak
+// (test/bench/README.md): make e2e-long SOAK_SERVICES=10000
+// SOAK_DURATION=60s SOAK_RATE=100 SOAK_CREATE_EVERY=0 BENCH_AFFINITY=0
+// BENCH_PROXY_FLAGS=--iptables-min-sync-period=0.
+const defaultMemoryLimit = 96 << 20
 
 var ownMemoryLimit = os.Getenv("GOMEMLIMIT") == ""
 
@@ -61,12 +68,14 @@ func startMemoryPolicy() {
 }
 
 // adaptMemoryLimit sets the soft limit to 1.5 times the live heap after each
-// sync (at least the floor): between syncs little is allocated, so the
+// sync (at least the floor), and after the first returns the cold start's
+// garbage to the kernel: between syncs little is allocated, so the
 // collector rarely runs, and the process stays well under GOGC=100's twice
-// the live heap (10k Services: ~100 MB live). A cluster whose live state
+// the live heap (10k Services × 10 endpoints: ~48 MB live after a sync;
+// measured by GODEBUG=gctrace=1 under make bench-scale). A cluster whose live state
 // grows gets a higher limit at the next sync instead of a collector that
 // runs continuously.
-func adaptMemoryLimit() {
+func adaptMemoryLimit(first bool) {
 	if !ownMemoryLimit {
 		return
 	}
@@ -79,6 +88,12 @@ func adaptMemoryLimit() {
 	debug.SetMemoryLimit(max(defaultMemoryLimit, live+live/2))
 	if ownGCPercent {
 		debug.SetGCPercent(100)
+	}
+	if first {
+		// The cold start's garbage (decoded lists, the first batches) is
+		// several times the state kept; return it to the kernel now rather
+		// than as the scavenger finds it.
+		go debug.FreeOSMemory()
 	}
 }
 

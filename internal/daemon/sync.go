@@ -63,7 +63,7 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 	report.Snapshot = snap
 	report.Duration = d.env.clock.Since(start)
 	d.obs.Synced(report)
-	adaptMemoryLimit()
+	adaptMemoryLimit(first)
 	logger.V(2).Info("Sync complete", "reason", req.Reason, "full", req.Full, "changed", len(b.Changed), "serviceCIDRsChanged", b.ServiceCIDRsChanged,
 		"elapsed", report.Duration, "model", modelDone.Sub(start), "dataplane", dpDone.Sub(modelDone), "conntrack", ctDone.Sub(dpDone), "report", d.env.clock.Since(ctDone))
 	if first {
