@@ -2,6 +2,7 @@ package health
 
 import (
 	"net/netip"
+	"slices"
 
 	"github.com/kproxy/kproxy/internal/model"
 	"github.com/kproxy/kproxy/internal/objects"
@@ -47,10 +48,27 @@ func ServiceInputs(fs *model.FamilySnapshot) (ports map[objects.Key]uint16, loca
 
 // SyncSnapshot opens and closes ports and sets the endpoint counts for one
 // family's programmed snapshot: SyncServices then SyncEndpoints with
-// ServiceInputs(fs). Call it after every successful sync.
+// ServiceInputs(fs). Call it after every successful sync. When the
+// health-checked ports are the very ones (the model shares unchanged ports
+// between snapshots) of the last call, and it succeeded, there is nothing
+// to do; a port that failed to open is retried on every call.
 func (s *ServiceHealthServer) SyncSnapshot(fs *model.FamilySnapshot) error {
+	var checked []*model.ServicePort
+	if fs != nil {
+		checked = fs.HealthChecked()
+	}
+	if s.synced != nil && slices.Equal(checked, s.synced) {
+		return nil
+	}
+	s.synced = nil
 	ports, localReady := ServiceInputs(fs)
 	err := s.SyncServices(ports)
 	_ = s.SyncEndpoints(localReady) // never fails
+	if err == nil {
+		s.synced = checked
+		if s.synced == nil {
+			s.synced = []*model.ServicePort{}
+		}
+	}
 	return err
 }

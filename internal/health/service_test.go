@@ -374,3 +374,43 @@ func TestServiceHealthSyncSnapshot(t *testing.T) {
 		t.Errorf("got %+v", got)
 	}
 }
+
+// TestServiceHealthSyncSnapshotUnchanged: a snapshot sharing the last
+// one's health-checked ports changes nothing, but a port that failed to
+// open is retried with the same snapshot, and a rebuilt port (new
+// endpoints) is taken.
+func TestServiceHealthSyncSnapshotUnchanged(t *testing.T) {
+	n := newFakeNet()
+	n.fail["0.0.0.0:30002"] = errors.New("address in use")
+	s := newTestServiceServer(t, n, nil)
+	a := &model.ServicePort{ID: model.PortID{Namespace: "ns", Name: "a"}, HealthCheckNodePort: 30001,
+		Endpoints: []*model.Endpoint{ep("198.18.0.1", true, true)}}
+	b := &model.ServicePort{ID: model.PortID{Namespace: "ns", Name: "b"}, HealthCheckNodePort: 30002}
+	fs := model.NewFamilySnapshot(model.IPv4, []*model.ServicePort{a, b})
+	if err := s.SyncSnapshot(fs); err == nil {
+		t.Fatal("want the failed port's error")
+	}
+	delete(n.fail, "0.0.0.0:30002")
+	opened := n.openedCount()
+	if err := s.SyncSnapshot(fs); err != nil {
+		t.Fatal(err)
+	}
+	if n.openedCount() == opened || n.addr("0.0.0.0:30002") == "" {
+		t.Errorf("the failed port was not retried with the same snapshot")
+	}
+	opened = n.openedCount()
+	if err := s.SyncSnapshot(model.NewFamilySnapshot(model.IPv4, []*model.ServicePort{a, b})); err != nil {
+		t.Fatal(err)
+	}
+	if n.openedCount() != opened {
+		t.Errorf("an unchanged snapshot opened ports")
+	}
+	a2 := *a
+	a2.Endpoints = append(slices.Clone(a.Endpoints), ep("198.18.0.2", true, true))
+	if err := s.SyncSnapshot(model.NewFamilySnapshot(model.IPv4, []*model.ServicePort{&a2, b})); err != nil {
+		t.Fatal(err)
+	}
+	if got := request(t, n.addr("0.0.0.0:30001")); got.code != 200 || got.weight != "2" {
+		t.Errorf("after the endpoint change: got %+v, want 200 with 2 endpoints", got)
+	}
+}
