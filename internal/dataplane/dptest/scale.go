@@ -14,8 +14,10 @@ import (
 // ScaleSnapshot is the one shape every dataplane's scale tests and
 // benchmarks load, so that their figures compare: n ClusterIP Services
 // (namespace "ns", names svc-00000...) on port 80 with eps endpoints each
-// on 8080, every tenth also a NodePort (30000 + i/10, wrapping inside the
-// NodePort range), and with KPROXY_SCALE_AFFINITY set every tenth (i%10 ==
+// on 8080, every tenth also a NodePort (30000 + i/10) while the NodePort
+// range lasts (the first 27,680 Services: the API never gives two Services
+// one node port, and a snapshot that did made each endpoint change of such
+// a Service re-validate the whole table), and with KPROXY_SCALE_AFFINITY set every tenth (i%10 ==
 // 1) ClientIP affinity, as the scale benchmark does. ClusterIPs are
 // 198.19.(i>>8).(i&255) (beyond 198.19.255.255 past 65,536 Services);
 // endpoint k is 198.18.4.0 + k, wrapping inside 198.18.0.0/16 (Services
@@ -30,8 +32,8 @@ func ScaleSnapshot(n, eps int) *model.Snapshot {
 			list = append(list, EP(netip.AddrFrom4([4]byte{byte(a >> 24), byte(a >> 16), byte(a >> 8), byte(a)}).String(), 8080, false))
 		}
 		opts := []SvcOpt{WithEPs(list...)}
-		if i%10 == 0 {
-			opts = append(opts, WithNodePort(uint16(30000+i/10%2768)))
+		if i%10 == 0 && i/10 < nodePorts {
+			opts = append(opts, WithNodePort(uint16(30000+i/10)))
 		}
 		if i%10 == 1 && affinity {
 			opts = append(opts, WithAffinity(10800))
@@ -41,6 +43,10 @@ func ScaleSnapshot(n, eps int) *model.Snapshot {
 	}
 	return Snapshot(ports...)
 }
+
+// nodePorts is the size of the API server's default NodePort range
+// (30000–32767).
+const nodePorts = 2768
 
 // ScaleSizes are the Service counts a scale test runs: KPROXY_SCALE_SIZES
 // (comma-separated), else def.
