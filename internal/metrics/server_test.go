@@ -135,35 +135,6 @@ func port(name string, ip, ep bool, local int, hasEndpoints bool) *model.Service
 	return p
 }
 
-func TestCountNoLocalEndpoints(t *testing.T) {
-	tests := []struct {
-		name                   string
-		ports                  []*model.ServicePort
-		wantInternal, wantExtl int
-	}{
-		{"nil", nil, 0, 0},
-		{"cluster policies", []*model.ServicePort{port("a", false, false, 0, true)}, 0, 0},
-		{"itp local none", []*model.ServicePort{port("a", true, false, 0, true)}, 1, 0},
-		{"etp local none", []*model.ServicePort{port("a", false, true, 0, true)}, 0, 1},
-		{"both local none", []*model.ServicePort{port("a", true, true, 0, true)}, 1, 1},
-		{"local present", []*model.ServicePort{port("a", true, true, 2, true)}, 0, 0},
-		{"no endpoints at all", []*model.ServicePort{port("a", true, true, 0, false)}, 0, 0},
-		{"several", []*model.ServicePort{port("a", true, false, 0, true), port("b", true, false, 0, true), port("c", false, true, 1, true)}, 2, 0},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			var fs *model.FamilySnapshot
-			if tc.ports != nil {
-				fs = model.NewFamilySnapshot(model.IPv4, tc.ports)
-			}
-			i, e := CountNoLocalEndpoints(fs)
-			if i != tc.wantInternal || e != tc.wantExtl {
-				t.Errorf("got (%d, %d), want (%d, %d)", i, e, tc.wantInternal, tc.wantExtl)
-			}
-		})
-	}
-}
-
 func metricValue(t *testing.T, fams map[string]*dto.MetricFamily, name string, labels map[string]string) (float64, bool) {
 	t.Helper()
 	mf := fams[name]

@@ -52,7 +52,7 @@ func (m *Metrics) ObserveSync(r SyncResult) {
 		}
 	}
 	if r.Snapshot != nil {
-		internal, external := CountNoLocalEndpoints(r.Snapshot)
+		internal, external := r.Snapshot.NoLocalEndpoints()
 		m.NoLocalEndpoints(r.Family, internal, external)
 	}
 }
@@ -64,15 +64,4 @@ func (m *Metrics) syncFailed(f model.Family) {
 	case ModeIPTables, ModeIPVS:
 		m.IPTablesRestoreFailed(f)
 	}
-}
-
-// CountNoLocalEndpoints counts, as upstream's rule sync does, the service
-// ports that have endpoints but whose Local internal (respectively external)
-// traffic policy finds none on this node (model.FamilySnapshot's
-// NoLocalEndpoints, kept by the model: no walk over the ports per sync).
-func CountNoLocalEndpoints(fs *model.FamilySnapshot) (internal, external int) {
-	if fs == nil {
-		return 0, 0
-	}
-	return fs.NoLocalEndpoints()
 }
