@@ -57,18 +57,12 @@ func (s *ServiceHealthServer) SyncSnapshot(fs *model.FamilySnapshot) error {
 	if fs != nil {
 		checked = fs.HealthChecked()
 	}
-	if s.synced != nil && slices.Equal(checked, s.synced) {
+	if s.syncedOK && slices.Equal(checked, s.synced) {
 		return nil
 	}
-	s.synced = nil
 	ports, localReady := ServiceInputs(fs)
 	err := s.SyncServices(ports)
 	_ = s.SyncEndpoints(localReady) // never fails
-	if err == nil {
-		s.synced = checked
-		if s.synced == nil {
-			s.synced = []*model.ServicePort{}
-		}
-	}
+	s.synced, s.syncedOK = checked, err == nil
 	return err
 }

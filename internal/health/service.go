@@ -63,10 +63,11 @@ type ServiceHealthServer struct {
 	mu       sync.RWMutex
 	services map[objects.Key]*instance
 
-	// synced are the health-checked ports of the last SyncSnapshot that
-	// succeeded (only SyncSnapshot, called by one goroutine, uses it): a
-	// snapshot sharing them all changed nothing here.
-	synced []*model.ServicePort
+	// synced are the health-checked ports of the last SyncSnapshot, and
+	// syncedOK whether it succeeded (only SyncSnapshot, called by one
+	// goroutine, uses them): a snapshot sharing them all changed nothing.
+	synced   []*model.ServicePort
+	syncedOK bool
 }
 
 // instance is the listeners of one Service's health-check port.
