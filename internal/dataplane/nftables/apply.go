@@ -167,9 +167,7 @@ func (st *famState) sync(ctx context.Context, cfg dataplane.Config, fs *model.Fa
 // in a goroutine of their own, the kernel reads (which must happen in the
 // calling goroutine's network namespace) before it starts.
 func (st *famState) syncStaged(ctx context.Context, cfg dataplane.Config, fs *model.FamilySnapshot, node model.NodeInfo, t *txn) error {
-	// Room for every stage at 10k Services: rendering never waits for
-	// the kernel.
-	stages := make(chan func() opList, 64)
+	stages := make(chan func() opList, stageQueue)
 	stop, done := make(chan struct{}), make(chan struct{})
 	var renderErr error
 	var ops atomic.Int64 // stages are made in ApplyStages' encoding goroutine
