@@ -129,7 +129,8 @@ func (st *famState) elemOps(prev *desired, order []*portState, wantChains map[st
 		for i := range ps.Elems {
 			sizes[ps.Elems[i].Set]++
 		}
-		n += ps.elemCount()
+		// A fresh or whole block is one op (fillOp).
+		n += len(ps.Elems) + len(ps.Hairpin) + len(ps.Fills)
 	}
 	st.want = make(map[string]map[string]elemRef, len(sizes))
 	bySet := make(map[string][]*element, len(sizes))
@@ -157,7 +158,7 @@ func (st *famState) elemOps(prev *desired, order []*portState, wantChains map[st
 			fills[f.b.shard] = append(fills[f.b.shard], f)
 		}
 	}
-	t.adds = slices.Grow(t.adds, n) // 130k at 10k Services: avoid regrowing
+	t.adds = slices.Grow(t.adds, n) // sized once, not regrown
 	var prevFills map[string]*fill
 	if st.kElems == nil {
 		prevFills = fillsByKey(prev)
@@ -247,11 +248,11 @@ func (st *famState) diffShard(name string, fills []*fill, prev map[string]*fill,
 		// (and re-done after a failure), so nothing else needs it.
 		kernel := st.kElems[name]
 		for _, f := range fills {
+			if len(kernel) == 0 { // a fresh map: no text keys to make
+				t.adds = append(t.adds, fillOp(opAdd, f))
+				continue
+			}
 			for i := range f.elems {
-				if len(kernel) == 0 { // a fresh map: no text keys to make
-					t.adds = append(t.adds, rangeOp(opAdd, f, i))
-					continue
-				}
 				k := rangeKey(f.elems[i].lo, f.elems[i].hi)
 				v, ok := kernel[k]
 				if ok {
@@ -312,14 +313,10 @@ func diffFill(old, next *fill, t *txn) {
 		return
 	}
 	if old != nil {
-		for i := range old.elems {
-			t.dels = append(t.dels, rangeOp(opDelete, old, i))
-		}
+		t.dels = append(t.dels, fillOp(opDelete, old))
 	}
 	if next != nil {
-		for j := range next.elems {
-			t.adds = append(t.adds, rangeOp(opAdd, next, j))
-		}
+		t.adds = append(t.adds, fillOp(opAdd, next))
 	}
 }
 
