@@ -81,6 +81,9 @@ type kernelMirror struct {
 	kChains map[string]bool
 	kSets   map[string]bool
 	kElems  map[string]map[string]string
+	// kRanges holds the endpoint-ranges maps' elements read from the
+	// kernel, like kElems (and set when it is).
+	kRanges map[string][]kernelRange
 	// kMaps are the endpoint-ranges maps in the kernel.
 	kMaps map[string]bool
 	stale map[string]time.Time // port chains and sets to delete
@@ -230,5 +233,5 @@ func (st *famState) commit(t *txn) {
 		forgetRules(ps.Chains)
 	}
 	// The kernel now holds exactly want in every shared set.
-	st.kElems = nil
+	st.kElems, st.kRanges = nil, nil
 }

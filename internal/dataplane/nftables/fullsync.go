@@ -243,29 +243,33 @@ func fillsByKey(d *desired) map[string]*fill {
 // (prev, by key; those of shard no fill has any more are deleted).
 func (st *famState) diffShard(name string, fills []*fill, prev map[string]*fill, t *txn) {
 	if st.kElems != nil {
-		// Each element found in the read is taken out of it: what is
-		// left is what no block wants. The read is dropped at commit
-		// (and re-done after a failure), so nothing else needs it.
-		kernel := st.kElems[name]
+		// Each range found in the read is marked taken: what is left
+		// is what no block wants. The read is dropped at commit (and
+		// re-done after a failure), so nothing else needs it.
+		kernel := st.kRanges[name]
+		taken := make([]bool, len(kernel))
 		for _, f := range fills {
-			if len(kernel) == 0 { // a fresh map: no text keys to make
+			if len(kernel) == 0 { // a fresh map
 				t.adds = append(t.adds, fillOp(opAdd, f))
 				continue
 			}
-			for i := range f.elems {
-				k := rangeKey(f.elems[i].lo, f.elems[i].hi)
-				v, ok := kernel[k]
-				if ok {
-					delete(kernel, k)
-					if ep := f.elems[i].ep; v == addrPort(ep.IP, ep.Port) {
+			for i, e := range f.elems {
+				j, ok := slices.BinarySearchFunc(kernel, e.lo, func(r kernelRange, lo uint32) int { return cmp.Compare(r.lo, lo) })
+				if ok && kernel[j].hi == e.hi && !taken[j] {
+					taken[j] = true
+					if kernel[j].addr == e.ep.IP && kernel[j].port == e.ep.Port {
 						continue
 					}
-					t.dels = append(t.dels, elemOp(opDelete, &element{Set: name, Key: k}, true))
+					t.dels = append(t.dels, elemOp(opDelete, &element{Set: name, Key: rangeKey(e.lo, e.hi)}, true))
 				}
 				t.adds = append(t.adds, rangeOp(opAdd, f, i))
 			}
 		}
-		deleteLeft(name, kernel, true, t)
+		for j, r := range kernel {
+			if !taken[j] {
+				t.dels = append(t.dels, elemOp(opDelete, &element{Set: name, Key: rangeKey(r.lo, r.hi)}, true))
+			}
+		}
 		return
 	}
 	seen := make(map[string]bool, len(fills))

@@ -1,10 +1,13 @@
 package nftables
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -148,6 +151,9 @@ type kernel interface {
 	// ListElements returns the elements of a set or map as key -> value,
 	// formatted as render formats them (element.Key, element.Value).
 	ListElements(ctx context.Context, s *set) (map[string]string, error)
+	// ListRanges returns the ranges of an endpoint-ranges map, sorted by
+	// first key.
+	ListRanges(ctx context.Context, s *set) ([]kernelRange, error)
 	// RuleCount returns the number of rules in a chain.
 	RuleCount(ctx context.Context, chain string) (int, error)
 	// MissingChain returns the first of names that does not exist, or "".
@@ -219,6 +225,29 @@ func (k *knftKernel) ListElements(ctx context.Context, s *set) (map[string]strin
 		m[strings.Join(e.Key, fieldSep)] = strings.Join(e.Value, fieldSep)
 	}
 	return m, nil
+}
+
+func (k *knftKernel) ListRanges(ctx context.Context, s *set) ([]kernelRange, error) {
+	elems, err := k.ListElements(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]kernelRange, 0, len(elems))
+	for key, value := range elems {
+		lo, hi, err := parseRange(key)
+		if err != nil {
+			return nil, fmt.Errorf("element of %s: %w", s.Name, err)
+		}
+		a, p, _ := strings.Cut(value, fieldSep)
+		addr, err1 := netip.ParseAddr(a)
+		port, err2 := strconv.ParseUint(p, 10, 16)
+		if err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("element of %s: bad endpoint %q", s.Name, value)
+		}
+		out = append(out, kernelRange{lo: lo, hi: hi, addr: addr, port: uint16(port)})
+	}
+	slices.SortFunc(out, func(a, b kernelRange) int { return cmp.Compare(a.lo, b.lo) })
+	return out, nil
 }
 
 func (k *knftKernel) MissingChain(ctx context.Context, names []string) (string, error) {

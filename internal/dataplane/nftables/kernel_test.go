@@ -1,6 +1,9 @@
 package nftables
 
 import (
+	"maps"
+	"math/rand/v2"
+	"net/netip"
 	"strconv"
 	"testing"
 	"unsafe"
@@ -94,9 +97,76 @@ func TestPairRanges(t *testing.T) {
 	}
 }
 
+// pairStarts (the restart's compact read) pairs range edges as
+// pairRanges (verify's text read) does, whatever their order, for edges
+// kproxy writes and for duplicates and overlaps it does not.
+func TestPairStartsAsPairRanges(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := range 500 {
+		n := 1 + rng.IntN(12)
+		var edges []rangeEdge
+		var starts []kernelRange
+		var ends []uint32
+		for range n {
+			k := uint32(rng.IntN(40))
+			if round%5 == 0 && rng.IntN(8) == 0 {
+				k = 4294967295 - uint32(rng.IntN(3))
+			}
+			if rng.IntN(3) == 0 {
+				edges = append(edges, rangeEdge{key: k, end: true})
+				ends = append(ends, k)
+				continue
+			}
+			addr := netip.AddrFrom4([4]byte{198, 18, 0, byte(rng.IntN(4))})
+			edges = append(edges, rangeEdge{key: k, value: addrPort(addr, 80)})
+			starts = append(starts, kernelRange{lo: k, addr: addr, port: 80})
+		}
+		want := pairRanges(edges)
+		got := map[string]string{}
+		prev := -1
+		for _, r := range pairStarts(starts, ends) {
+			if int(r.lo) <= prev {
+				t.Fatalf("round %d: ranges not sorted by first key: %v", round, starts)
+			}
+			prev = int(r.lo)
+			got[rangeKey(r.lo, r.hi)] = addrPort(r.addr, r.port)
+		}
+		// Duplicate starts keep one of them in either; which one may
+		// differ (pairRanges's sort is not stable), so compare keys, and
+		// values where the first key is not duplicated.
+		if !maps.EqualFunc(got, want, func(a, b string) bool { return true }) {
+			t.Fatalf("round %d: edges %v: pairStarts %v, pairRanges %v", round, edges, got, want)
+		}
+		dup := map[uint32]int{}
+		for _, s := range starts {
+			dup[s.lo]++
+		}
+		for k, v := range want {
+			lo, _, _ := parseRange(k)
+			if dup[lo] == 1 && got[k] != v {
+				t.Fatalf("round %d: %s = %q, want %q", round, k, got[k], v)
+			}
+		}
+	}
+}
+
 // A full sync at 10k Services holds ~130k ops at once.
 func TestOpSize(t *testing.T) {
 	if n := unsafe.Sizeof(op{}); n != 32 {
 		t.Errorf("op is %d bytes, want 32 (small fields last)", n)
 	}
+}
+
+// readText is the kernel read of a shared set or map (kElems, or kRanges
+// for an endpoint-ranges map) as key -> value text.
+func (st *famState) readText(name string) map[string]string {
+	ranges, ok := st.kRanges[name]
+	if !ok {
+		return st.kElems[name]
+	}
+	out := make(map[string]string, len(ranges))
+	for _, r := range ranges {
+		out[rangeKey(r.lo, r.hi)] = addrPort(r.addr, r.port)
+	}
+	return out
 }

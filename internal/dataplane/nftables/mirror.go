@@ -24,7 +24,7 @@ const staleDelay = time.Second
 // written from scratch).
 func emptyMirror() kernelMirror {
 	return kernelMirror{kChains: map[string]bool{}, kSets: map[string]bool{}, kElems: map[string]map[string]string{},
-		kMaps: map[string]bool{}, stale: map[string]time.Time{}}
+		kRanges: map[string][]kernelRange{}, kMaps: map[string]bool{}, stale: map[string]time.Time{}}
 }
 
 // readIfUnsure re-reads the kernel unless the mirror is known good. When
@@ -46,6 +46,7 @@ func (st *famState) readIfUnsure(ctx context.Context) error {
 // forgetKernel empties the kernel mirror.
 func (st *famState) forgetKernel() {
 	st.kChains, st.kSets, st.kElems, st.kMaps = map[string]bool{}, map[string]bool{}, map[string]map[string]string{}, map[string]bool{}
+	st.kRanges = map[string][]kernelRange{}
 	st.stale = map[string]time.Time{}
 	st.slots = newSlotAlloc()
 }
@@ -137,6 +138,14 @@ func (st *famState) readKernel(ctx context.Context) error {
 }
 
 func (st *famState) readElems(ctx context.Context, s *set) error {
+	if isEndpointShard(s.Name) {
+		ranges, err := st.kern.ListRanges(ctx, s)
+		if err != nil {
+			return fmt.Errorf("listing elements of %s: %w", s.Name, err)
+		}
+		st.kRanges[s.Name] = ranges
+		return nil
+	}
 	elems, err := st.kern.ListElements(ctx, s)
 	if err != nil {
 		return fmt.Errorf("listing elements of %s: %w", s.Name, err)

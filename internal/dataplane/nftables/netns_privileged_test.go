@@ -90,7 +90,7 @@ func TestPrivilegedClusterIPTraffic(t *testing.T) {
 	})
 	for name, elems := range want {
 		for k, v := range elems {
-			if got, ok := st.kElems[name][k]; !ok || got != v {
+			if got, ok := st.readText(name)[k]; !ok || got != v {
 				t.Errorf("kernel element %s %q reads back as %q (present %v), rendered %q", name, k, got, ok, v)
 			}
 		}
@@ -205,7 +205,7 @@ func TestPrivilegedFeatureTables(t *testing.T) {
 		for name, elems := range want {
 			for k, v := range elems {
 				count++
-				if got, ok := st.kElems[name][k]; !ok || got != v {
+				if got, ok := st.readText(name)[k]; !ok || got != v {
 					t.Errorf("%s: element %s %q reads back as %q (present %v), rendered %q", f, name, k, got, ok, v)
 				}
 			}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -170,6 +171,95 @@ func pairRanges(edges []rangeEdge) map[string]string {
 			last = uint64(edges[i+1].key) - 1
 		}
 		out[strconv.FormatUint(uint64(e.key), 10)+"-"+strconv.FormatUint(last, 10)] = e.value
+	}
+	return out
+}
+
+// kernelRange is one range of an endpoint-ranges map as read from the
+// kernel: keys lo..hi go to addr and port. A restart at 10k Services × 100
+// endpoints reads a million of them; as text (rangeMap: two edges with a
+// value string each, then a map of "lo-hi" keys) the read was ~100 MiB of
+// that sync's peak RSS.
+type kernelRange struct {
+	lo, hi uint32
+	addr   netip.Addr
+	port   uint16
+}
+
+// rangeList returns the ranges of an endpoint-ranges map sorted by first
+// key, each start paired with the edge after it as pairRanges does.
+func (n *netlinkReader) rangeList(s *set) ([]kernelRange, error) {
+	var starts []kernelRange
+	var ends []uint32
+	var decodeErr error
+	fail := func(format string, a ...any) {
+		if decodeErr == nil {
+			decodeErr = fmt.Errorf("element of %s: "+format, append([]any{s.Name}, a...)...)
+		}
+	}
+	err := n.eachElement(s, func(el []byte) {
+		key := attr(attr(el, unix.NFTA_SET_ELEM_KEY), unix.NFTA_DATA_VALUE)
+		if len(key) != 4 {
+			fail("range key of %d bytes", len(key))
+			return
+		}
+		k := binary.BigEndian.Uint32(key)
+		if f := attr(el, unix.NFTA_SET_ELEM_FLAGS); len(f) == 4 && binary.BigEndian.Uint32(f)&unix.NFT_SET_ELEM_INTERVAL_END != 0 {
+			ends = append(ends, k)
+			return
+		}
+		data := attr(attr(el, unix.NFTA_SET_ELEM_DATA), unix.NFTA_DATA_VALUE)
+		addr, port, ok := decodeTarget(data)
+		if !ok {
+			fail("endpoint of %d bytes", len(data))
+			return
+		}
+		starts = append(starts, kernelRange{lo: k, addr: addr, port: port})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return pairStarts(starts, ends), decodeErr
+}
+
+// decodeTarget decodes an endpoint-ranges element's data: an address and
+// a port, each padded to a multiple of 4 bytes (encodeRange).
+func decodeTarget(b []byte) (netip.Addr, uint16, bool) {
+	switch len(b) {
+	case 8:
+		return netip.AddrFrom4([4]byte(b[:4])), binary.BigEndian.Uint16(b[4:6]), true
+	case 20:
+		return netip.AddrFrom16([16]byte(b[:16])), binary.BigEndian.Uint16(b[16:18]), true
+	}
+	return netip.Addr{}, 0, false
+}
+
+// pairStarts sorts range starts (in place) and gives each its last key:
+// the one before the next edge (a start, or an end after it), or the top
+// of the key space. Of two starts with the same first key the later one
+// read is kept, as pairRanges keeps one: not a range kproxy wrote, the
+// diff replaces it.
+func pairStarts(starts []kernelRange, ends []uint32) []kernelRange {
+	slices.SortStableFunc(starts, func(a, b kernelRange) int { return cmp.Compare(a.lo, b.lo) })
+	slices.Sort(ends)
+	out := starts[:0]
+	j := 0
+	for i, r := range starts {
+		next := uint64(math.MaxUint32) + 1
+		if i+1 < len(starts) {
+			if starts[i+1].lo == r.lo {
+				continue
+			}
+			next = uint64(starts[i+1].lo)
+		}
+		for j < len(ends) && ends[j] <= r.lo {
+			j++
+		}
+		if j < len(ends) {
+			next = min(next, uint64(ends[j]))
+		}
+		r.hi = uint32(next - 1)
+		out = append(out, r)
 	}
 	return out
 }

@@ -134,6 +134,10 @@ func (k *nlKernel) ListElements(_ context.Context, s *set) (map[string]string, e
 	return k.nl.elementMap(s)
 }
 
+func (k *nlKernel) ListRanges(_ context.Context, s *set) ([]kernelRange, error) {
+	return k.nl.rangeList(s)
+}
+
 func (k *nlKernel) RuleCount(_ context.Context, chain string) (int, error) {
 	return k.nl.ruleCount(chain)
 }

@@ -102,12 +102,12 @@ func upgradeFrom(t *testing.T, file, keptUntilUnused string) {
 		}
 		for name, elems := range st.wantText() {
 			for k, v := range elems {
-				if got, ok := st.kElems[name][k]; !ok || got != v {
+				if got, ok := st.readText(name)[k]; !ok || got != v {
 					t.Errorf("%s: element %s %q reads back as %q (present %v), rendered %q", f, name, k, got, ok, v)
 				}
 			}
-			if len(st.kElems[name]) != len(elems) {
-				t.Errorf("%s: %s holds %d elements, want %d", f, name, len(st.kElems[name]), len(elems))
+			if len(st.readText(name)) != len(elems) {
+				t.Errorf("%s: %s holds %d elements, want %d", f, name, len(st.readText(name)), len(elems))
 			}
 		}
 	}
