@@ -10,7 +10,6 @@ import (
 
 	"github.com/kproxy/kproxy/internal/dataplane"
 	"github.com/kproxy/kproxy/internal/model"
-	"github.com/kproxy/kproxy/internal/objects"
 )
 
 // A full sync renders every port and diffs the render against what the
@@ -29,8 +28,7 @@ func (st *famState) renderFull(cfg dataplane.Config, fs *model.FamilySnapshot, n
 	prev := st.cur
 	d := st.r.fixed()
 	st.cur = d
-	st.seen = make(map[model.PortID]*model.ServicePort, len(fs.Ports))
-	st.bySvc = make(map[objects.Key][]model.PortID, len(fs.Ports))
+	st.last = fs
 	used := make(map[string]bool, len(fs.Ports))
 	t.staging = emit != nil
 	// Most ports have one or two chains (endpoints are map elements).
@@ -46,8 +44,6 @@ func (st *famState) renderFull(cfg dataplane.Config, fs *model.FamilySnapshot, n
 		st.endpointMapOps(ps, t, true)
 		d.Ports[sp.ID] = ps
 		order = append(order, ps)
-		st.seen[sp.ID] = sp
-		st.bySvc[sp.ID.Service()] = append(st.bySvc[sp.ID.Service()], sp.ID)
 		for _, f := range ps.Fills {
 			used[f.key] = true
 		}

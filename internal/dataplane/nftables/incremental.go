@@ -22,22 +22,13 @@ func (st *famState) prepareIncremental(fs *model.FamilySnapshot, req dataplane.S
 	for _, id := range st.changedPorts(fs, req) {
 		old := st.cur.Ports[id]
 		var next *portState
-		svc := id.Service()
 		if sp := fs.Port(id); sp != nil {
 			next = st.r.port(sp)
 			st.endpointMapOps(next, t, false)
 			t.rendered = append(t.rendered, next)
-			if st.seen[id] == nil {
-				st.bySvc[svc] = append(st.bySvc[svc], id)
-			}
-			st.seen[id], st.cur.Ports[id] = sp, next
+			st.cur.Ports[id] = next
 		} else {
-			delete(st.seen, id)
 			delete(st.cur.Ports, id)
-			st.bySvc[svc] = slices.DeleteFunc(st.bySvc[svc], func(o model.PortID) bool { return o == id })
-			if len(st.bySvc[svc]) == 0 {
-				delete(st.bySvc, svc)
-			}
 		}
 		st.diffPort(old, next, t, touched)
 		st.countHairpins(old, next, hairpins)
@@ -46,6 +37,7 @@ func (st *famState) prepareIncremental(fs *model.FamilySnapshot, req dataplane.S
 		st.diffElems(name, keys, t)
 	}
 	st.diffHairpinCounts(hairpins, t)
+	st.last = fs
 }
 
 // countHairpins moves the hairpin counts from one rendering of a port to
@@ -102,23 +94,25 @@ func (st *famState) changedPorts(fs *model.FamilySnapshot, req dataplane.SyncReq
 	if req.Changed != nil {
 		return st.portsOf(fs, req.Changed)
 	}
+	// Both port lists are sorted by ID: one merge walk.
 	var ids []model.PortID
-	common := 0
+	before := st.last.Ports
+	i := 0
 	for _, sp := range fs.Ports {
-		old, ok := st.seen[sp.ID]
-		if ok {
-			common++
+		for ; i < len(before) && before[i].ID.Less(sp.ID); i++ {
+			ids = append(ids, before[i].ID) // gone
 		}
-		if !ok || old != sp {
-			ids = append(ids, sp.ID)
-		}
-	}
-	if common < len(st.seen) {
-		for id := range st.seen {
-			if fs.Port(id) == nil {
-				ids = append(ids, id)
+		if i < len(before) && before[i].ID == sp.ID {
+			if before[i] != sp {
+				ids = append(ids, sp.ID)
 			}
+			i++
+			continue
 		}
+		ids = append(ids, sp.ID) // new
+	}
+	for ; i < len(before); i++ {
+		ids = append(ids, before[i].ID)
 	}
 	return ids
 }
@@ -134,9 +128,9 @@ func (st *famState) portsOf(fs *model.FamilySnapshot, svcs map[objects.Key]struc
 		for ; i < len(fs.Ports) && fs.Ports[i].ID.Service() == key; i++ {
 			ids = append(ids, fs.Ports[i].ID)
 		}
-		for _, id := range st.bySvc[key] {
-			if fs.Port(id) == nil {
-				ids = append(ids, id)
+		for _, sp := range st.last.ServicePorts(key) {
+			if fs.Port(sp.ID) == nil {
+				ids = append(ids, sp.ID)
 			}
 		}
 	}
