@@ -185,7 +185,7 @@ func (st *famState) diffHairpins(keys []hairpinKey, prev map[hairpinKey]int32, t
 			}
 			t.adds = append(t.adds, elemOp(opAdd, &e, false))
 		}
-		deleteLeft(setHairpin, kernel, false, t)
+		deleteLeft(setHairpin, kernel, t)
 		return
 	}
 	for _, k := range keys {
@@ -210,9 +210,9 @@ func (st *famState) diffHairpins(keys []hairpinKey, prev map[hairpinKey]int32, t
 // deleteLeft deletes, in key order, the elements of set name a kernel
 // read holds that no port wanted (those left after the wanted ones were
 // taken out of it).
-func deleteLeft(name string, kernel map[string]string, isMap bool, t *txn) {
+func deleteLeft(name string, kernel map[string]string, t *txn) {
 	for _, k := range slices.Sorted(maps.Keys(kernel)) {
-		t.dels = append(t.dels, elemOp(opDelete, &element{Set: name, Key: k}, isMap))
+		t.dels = append(t.dels, elemOp(opDelete, &element{Set: name, Key: k}, false))
 	}
 }
 
