@@ -2,8 +2,10 @@ package nftables
 
 import (
 	"maps"
+	"math"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"strconv"
 	"testing"
 	"unsafe"
@@ -80,31 +82,29 @@ func TestBlockRanges(t *testing.T) {
 	}
 }
 
-func TestPairRanges(t *testing.T) {
-	edges := []rangeEdge{
-		{key: 20, end: true}, {key: 10, value: "b"}, {key: 0, value: "a"},
-		{key: 10, end: true}, {key: 4294967290, value: "c"},
-	}
-	got := pairRanges(edges)
-	want := map[string]string{"0-9": "a", "10-19": "b", "4294967290-4294967295": "c"}
+func TestPairStarts(t *testing.T) {
+	a, b, c := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2"), netip.MustParseAddr("198.18.0.3")
+	starts := []kernelRange{{lo: 10, addr: b, port: 80}, {lo: 0, addr: a, port: 80}, {lo: 4294967290, addr: c, port: 80}}
+	got := rangesText(pairStarts(starts, []uint32{20, 10}))
+	want := map[string]string{"0-9": "198.18.0.1 . 80", "10-19": "198.18.0.2 . 80", "4294967290-4294967295": "198.18.0.3 . 80"}
 	if len(got) != len(want) {
-		t.Fatalf("pairRanges = %v, want %v", got, want)
+		t.Fatalf("pairStarts = %v, want %v", got, want)
 	}
 	for k, v := range want {
 		if got[k] != v {
-			t.Errorf("pairRanges[%q] = %q, want %q (all: %v)", k, got[k], v, got)
+			t.Errorf("pairStarts[%q] = %q, want %q (all: %v)", k, got[k], v, got)
 		}
 	}
 }
 
-// pairStarts (the restart's compact read) pairs range edges as
-// pairRanges (verify's text read) does, whatever their order, for edges
-// kproxy writes and for duplicates and overlaps it does not.
-func TestPairStartsAsPairRanges(t *testing.T) {
+// pairStarts pairs range edges, whatever their order, as the definition
+// does (each first key runs to the key before the next greater edge, or
+// to the top of the key space), for edges kproxy writes and for
+// duplicates and overlaps it does not.
+func TestPairStartsByDefinition(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for round := range 500 {
 		n := 1 + rng.IntN(12)
-		var edges []rangeEdge
 		var starts []kernelRange
 		var ends []uint32
 		for range n {
@@ -113,41 +113,53 @@ func TestPairStartsAsPairRanges(t *testing.T) {
 				k = 4294967295 - uint32(rng.IntN(3))
 			}
 			if rng.IntN(3) == 0 {
-				edges = append(edges, rangeEdge{key: k, end: true})
 				ends = append(ends, k)
 				continue
 			}
 			addr := netip.AddrFrom4([4]byte{198, 18, 0, byte(rng.IntN(4))})
-			edges = append(edges, rangeEdge{key: k, value: addrPort(addr, 80)})
 			starts = append(starts, kernelRange{lo: k, addr: addr, port: 80})
 		}
-		want := pairRanges(edges)
-		got := map[string]string{}
+		want := pairByDefinition(starts, ends)
+		input := slices.Clone(starts)
+		paired := pairStarts(starts, ends)
 		prev := -1
-		for _, r := range pairStarts(starts, ends) {
+		for _, r := range paired {
 			if int(r.lo) <= prev {
-				t.Fatalf("round %d: ranges not sorted by first key: %v", round, starts)
+				t.Fatalf("round %d: ranges not sorted by first key: %v", round, input)
 			}
 			prev = int(r.lo)
-			got[rangeKey(r.lo, r.hi)] = addrPort(r.addr, r.port)
 		}
-		// Duplicate starts keep one of them in either; which one may
-		// differ (pairRanges's sort is not stable), so compare keys, and
-		// values where the first key is not duplicated.
-		if !maps.EqualFunc(got, want, func(a, b string) bool { return true }) {
-			t.Fatalf("round %d: edges %v: pairStarts %v, pairRanges %v", round, edges, got, want)
-		}
-		dup := map[uint32]int{}
-		for _, s := range starts {
-			dup[s.lo]++
-		}
-		for k, v := range want {
-			lo, _, _ := parseRange(k)
-			if dup[lo] == 1 && got[k] != v {
-				t.Fatalf("round %d: %s = %q, want %q", round, k, got[k], v)
-			}
+		got := rangesText(paired)
+		if !maps.Equal(got, want) {
+			t.Fatalf("round %d: starts %v, ends %v: pairStarts %v, want %v", round, input, ends, got, want)
 		}
 	}
+}
+
+// pairByDefinition pairs range starts with the edges after them the slow
+// way: each first key (the start read last with it) runs to the key before
+// the next greater start or end, or to the top of the key space.
+func pairByDefinition(starts []kernelRange, ends []uint32) map[string]string {
+	last := map[uint32]kernelRange{}
+	for _, s := range starts {
+		last[s.lo] = s
+	}
+	out := map[string]string{}
+	for lo, s := range last {
+		next := uint64(math.MaxUint32) + 1
+		for _, o := range starts {
+			if o.lo > lo {
+				next = min(next, uint64(o.lo))
+			}
+		}
+		for _, e := range ends {
+			if e > lo {
+				next = min(next, uint64(e))
+			}
+		}
+		out[rangeKey(lo, uint32(next-1))] = addrPort(s.addr, s.port)
+	}
+	return out
 }
 
 // A full sync at 10k Services holds ~130k ops at once.
@@ -164,9 +176,5 @@ func (st *famState) readText(name string) map[string]string {
 	if !ok {
 		return st.kElems[name]
 	}
-	out := make(map[string]string, len(ranges))
-	for _, r := range ranges {
-		out[rangeKey(r.lo, r.hi)] = addrPort(r.addr, r.port)
-	}
-	return out
+	return rangesText(ranges)
 }

@@ -8,7 +8,6 @@ import (
 	"math"
 	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -58,7 +57,7 @@ func attr(b []byte, typ uint16) []byte {
 func (n *netlinkReader) elementMap(s *set) (map[string]string, error) {
 	fields, dataFields := s.fields()
 	if slices.Contains(s.Flags, knftables.IntervalFlag) && fields[0] == "numgen" {
-		return n.rangeMap(s, dataFields)
+		return n.rangeMap(s)
 	}
 	out := map[string]string{}
 	var decodeErr error
@@ -101,85 +100,28 @@ func decodeElem(fields, dataFields []string, isMap bool, el []byte) (string, str
 	return strings.Join(key, fieldSep), strings.Join(val, fieldSep), err
 }
 
-// rangeEdge is one element of an endpoint-ranges map as the kernel lists
-// it: the start of a range (with its data) or the key after its end.
-type rangeEdge struct {
-	key   uint32
-	end   bool
-	value string
+// rangeMap returns the elements of an endpoint-ranges map as "first-last"
+// -> "address . port", formatted as render formats them (rangeList's
+// ranges as text).
+func (n *netlinkReader) rangeMap(s *set) (map[string]string, error) {
+	ranges, err := n.rangeList(s)
+	return rangesText(ranges), err
 }
 
-// rangeMap returns the elements of an endpoint-ranges map as
-// "first-last" -> value, pairing each range start with the end after it.
-func (n *netlinkReader) rangeMap(s *set, dataFields []string) (map[string]string, error) {
-	var edges []rangeEdge
-	var decodeErr error
-	err := n.eachElement(s, func(el []byte) {
-		e, err := decodeRangeEdge(dataFields, el)
-		if err != nil && decodeErr == nil {
-			decodeErr = fmt.Errorf("element of %s: %w", s.Name, err)
-		}
-		edges = append(edges, e)
-	})
-	if err != nil {
-		return nil, err
-	}
-	return pairRanges(edges), decodeErr
-}
-
-func decodeRangeEdge(dataFields []string, el []byte) (rangeEdge, error) {
-	key := attr(attr(el, unix.NFTA_SET_ELEM_KEY), unix.NFTA_DATA_VALUE)
-	if len(key) != 4 {
-		return rangeEdge{}, fmt.Errorf("range key of %d bytes", len(key))
-	}
-	e := rangeEdge{key: binary.BigEndian.Uint32(key)}
-	if f := attr(el, unix.NFTA_SET_ELEM_FLAGS); len(f) == 4 && binary.BigEndian.Uint32(f)&unix.NFT_SET_ELEM_INTERVAL_END != 0 {
-		e.end = true
-		return e, nil
-	}
-	val, err := decodeKey(dataFields, attr(attr(el, unix.NFTA_SET_ELEM_DATA), unix.NFTA_DATA_VALUE))
-	e.value = strings.Join(val, fieldSep)
-	return e, err
-}
-
-// pairRanges turns range starts and ends (any order) into "first-last"
-// keys: each start runs to the next edge (an end, or a start that
-// directly follows it), or to the top of the key space.
-func pairRanges(edges []rangeEdge) map[string]string {
-	slices.SortFunc(edges, func(a, b rangeEdge) int {
-		if c := cmp.Compare(a.key, b.key); c != 0 {
-			return c
-		}
-		if a.end == b.end {
-			return 0
-		}
-		if a.end {
-			return -1 // an end closes the range before a start opens the next
-		}
-		return 1
-	})
-	out := make(map[string]string, len(edges)/2)
-	for i, e := range edges {
-		if e.end {
-			continue
-		}
-		last := uint64(math.MaxUint32)
-		if i+1 < len(edges) {
-			if edges[i+1].key == e.key {
-				continue // not a range kproxy wrote; the diff replaces it
-			}
-			last = uint64(edges[i+1].key) - 1
-		}
-		out[strconv.FormatUint(uint64(e.key), 10)+"-"+strconv.FormatUint(last, 10)] = e.value
+// rangesText is ranges as "first-last" -> "address . port".
+func rangesText(ranges []kernelRange) map[string]string {
+	out := make(map[string]string, len(ranges))
+	for _, r := range ranges {
+		out[rangeKey(r.lo, r.hi)] = addrPort(r.addr, r.port)
 	}
 	return out
 }
 
 // kernelRange is one range of an endpoint-ranges map as read from the
 // kernel: keys lo..hi go to addr and port. A restart at 10k Services × 100
-// endpoints reads a million of them; as text (rangeMap: two edges with a
-// value string each, then a map of "lo-hi" keys) the read was ~100 MiB of
-// that sync's peak RSS.
+// endpoints reads a million of them; read as text (two edges with a value
+// string each, then a map of "lo-hi" keys) they were ~100 MiB of that
+// sync's peak RSS, so only verify (rangeMap) makes text of them.
 type kernelRange struct {
 	lo, hi uint32
 	addr   netip.Addr
@@ -187,7 +129,7 @@ type kernelRange struct {
 }
 
 // rangeList returns the ranges of an endpoint-ranges map sorted by first
-// key, each start paired with the edge after it as pairRanges does.
+// key, each start paired with the edge after it (pairStarts).
 func (n *netlinkReader) rangeList(s *set) ([]kernelRange, error) {
 	var starts []kernelRange
 	var ends []uint32
@@ -236,9 +178,9 @@ func decodeTarget(b []byte) (netip.Addr, uint16, bool) {
 
 // pairStarts sorts range starts (in place) and gives each its last key:
 // the one before the next edge (a start, or an end after it), or the top
-// of the key space. Of two starts with the same first key the later one
-// read is kept, as pairRanges keeps one: not a range kproxy wrote, the
-// diff replaces it.
+// of the key space. The kernel lists them in any order. Of two starts with
+// the same first key the later one read is kept: not a range kproxy wrote,
+// the diff replaces it.
 func pairStarts(starts []kernelRange, ends []uint32) []kernelRange {
 	slices.SortStableFunc(starts, func(a, b kernelRange) int { return cmp.Compare(a.lo, b.lo) })
 	slices.Sort(ends)
