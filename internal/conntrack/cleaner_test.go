@@ -5,12 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/netip"
 	"slices"
 	"testing"
-
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/kproxy/kproxy/internal/model"
 	"github.com/kproxy/kproxy/internal/objects"
@@ -107,31 +103,4 @@ func udpSlice(svc, addr string) *objects.EndpointSlice {
 	return &objects.EndpointSlice{Namespace: "ns", Name: svc + "-1", ServiceName: svc, AddressType: "IPv4",
 		Ports:     []objects.EndpointPort{{Name: "dns", Protocol: "UDP", Port: 53}},
 		Endpoints: []objects.Endpoint{{Address: addr, HasAddress: true, NodeName: "other"}}}
-}
-
-func TestToFlow(t *testing.T) {
-	mk := func(proto uint8) *netlink.ConntrackFlow {
-		return &netlink.ConntrackFlow{
-			FamilyType: unix.AF_INET,
-			Forward:    netlink.IPTuple{Protocol: proto, SrcIP: []byte{198, 18, 5, 5}, DstIP: []byte{198, 18, 0, 10}, SrcPort: 40000, DstPort: 53},
-			Reverse:    netlink.IPTuple{Protocol: proto, SrcIP: []byte{198, 19, 1, 1}, DstIP: []byte{198, 18, 5, 5}, SrcPort: 5353, DstPort: 40000},
-		}
-	}
-	f, ok := toFlow(mk(unix.IPPROTO_UDP))
-	want := Flow{model.UDP, netip.MustParseAddrPort("198.18.0.10:53"), netip.MustParseAddrPort("198.19.1.1:5353"), false}
-	if !ok || f != want {
-		t.Errorf("toFlow(UDP) = %v %v, want %v", f, ok, want)
-	}
-	if f, ok := toFlow(mk(unix.IPPROTO_SCTP)); !ok || f.Protocol != model.SCTP {
-		t.Errorf("toFlow(SCTP) = %v %v", f, ok)
-	}
-	tcp := mk(unix.IPPROTO_TCP)
-	tcp.ProtoInfo = &netlink.ProtoInfoTCP{State: tcpConntrackSynSent}
-	if f, ok := toFlow(tcp); !ok || f.Protocol != model.TCP || !f.SynSent {
-		t.Errorf("toFlow(TCP SYN_SENT) = %v %v", f, ok)
-	}
-	called := false
-	if flowFilter(func(Flow) bool { called = true; return true }).MatchConntrackFlow(mk(unix.IPPROTO_ICMP)) || called {
-		t.Error("filter consulted the plan for an ICMP flow")
-	}
 }

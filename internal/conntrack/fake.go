@@ -14,6 +14,8 @@ type FakeTable struct {
 	Err error
 	// Walks counts DeleteFlows calls per family.
 	Walks map[model.Family]int
+	// Scopes lists the scope of every DeleteFlows call.
+	Scopes []Scope
 }
 
 // NewFakeTable returns an empty FakeTable.
@@ -36,16 +38,20 @@ func (t *FakeTable) Flows(family model.Family) []Flow {
 }
 
 // DeleteFlows implements Table.
-func (t *FakeTable) DeleteFlows(family model.Family, stale func(Flow) bool) (int, error) {
+// Like a kernel with dump filters, it shows stale only the flows within
+// scope (an unanswered flow being a TCP SYN: Flow has no reply state).
+func (t *FakeTable) DeleteFlows(family model.Family, scope Scope, stale func(Flow) bool) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.Walks[family]++
+	t.Scopes = append(t.Scopes, scope)
 	if t.Err != nil {
 		return 0, t.Err
 	}
 	kept := t.flows[family][:0]
 	for _, f := range t.flows[family] {
-		if !stale(f) {
+		in := (scope.Protocol == "" || f.Protocol == scope.Protocol) && (!scope.Unreplied || f.SynSent)
+		if !in || !stale(f) {
 			kept = append(kept, f)
 		}
 	}

@@ -64,6 +64,8 @@ type Plan struct {
 	changed  iter.Seq2[*model.ServicePort, *model.ServicePort]
 	compared int // ports changed yielded (tests check a partial plan's)
 	nChanged int
+	// protos has the protocols of the frontends cleaned.
+	protos map[model.Protocol]bool
 	// The frontend index, built when the first flow that could be stale is
 	// judged (indexed is then true).
 	indexed bool
@@ -154,6 +156,10 @@ func (p *Plan) count() *Plan {
 			// none: no index, no table walk, and no work proportional
 			// to the cluster.
 			p.nChanged++
+			if p.protos == nil {
+				p.protos = map[model.Protocol]bool{}
+			}
+			p.protos[port.Protocol] = true
 		}
 	}
 	return p
@@ -329,6 +335,20 @@ func frontendsMoved(old, next *model.ServicePort) bool {
 // Empty reports whether the plan can match no flow, so the table need not be
 // listed at all.
 func (p *Plan) Empty() bool { return p == nil || p.nChanged == 0 }
+
+// Scopes returns the parts of the table that can hold stale flows, one walk
+// each: the UDP and SCTP entries when frontends of that protocol are
+// cleaned, the unanswered TCP entries when TCP frontends became reachable.
+// An empty plan has none.
+func (p *Plan) Scopes() []Scope {
+	var out []Scope
+	for _, proto := range []model.Protocol{model.UDP, model.SCTP, model.TCP} {
+		if p != nil && p.protos[proto] {
+			out = append(out, Scope{Protocol: proto, Unreplied: proto == model.TCP})
+		}
+	}
+	return out
+}
 
 // Stale reports whether f should be deleted: its original destination is a
 // cleaned frontend and its reply source is not one of that frontend's

@@ -4,26 +4,25 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/netip"
 	"sync"
+	"syscall"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/nfnl"
 )
 
 // Table is the kernel's conntrack table.
 type Table interface {
-	// DeleteFlows deletes the entries of family for which stale returns true,
-	// walking the table once, and returns how many it deleted. An entry that
-	// vanished meanwhile counts as deleted. A partial walk (the kernel
-	// interrupted the dump) returns an error wrapping ErrPartial along with the
-	// entries it did delete.
-	DeleteFlows(family model.Family, stale func(Flow) bool) (int, error)
+	// DeleteFlows deletes the entries of family within scope for which
+	// stale returns true, walking the table once, and returns how many it
+	// deleted. An entry that vanished meanwhile counts as deleted. A
+	// partial walk (the kernel interrupted the dump) returns an error
+	// wrapping ErrPartial along with the entries it did delete.
+	DeleteFlows(family model.Family, scope Scope, stale func(Flow) bool) (int, error)
 }
 
 // ErrPartial says the kernel interrupted the table dump, so some entries may
@@ -35,10 +34,16 @@ var ErrPartial = errors.New("conntrack dump interrupted")
 const maxAttempts = 3
 
 // NetlinkTable is the Table of the current network namespace, over netlink.
+// It reads the dump as it arrives and keeps only the stale entries: the
+// table of a busy node holds hundreds of thousands of entries.
 type NetlinkTable struct {
-	mu     sync.Mutex // one walk at a time on the one socket
-	handle *netlink.Handle
-	owned  bool // handle was opened here (and is replaced after a failure)
+	mu   sync.Mutex // one walk at a time on the one socket
+	fd   int        // -1 until opened
+	open func() (int, error)
+	// unfiltered is set once the kernel refused a filtered dump: every
+	// later walk reads the whole family.
+	unfiltered bool
+	rb         []byte // the dumps' receive buffer, kept
 }
 
 // NewNetlinkTable returns a Table over netlink in the current network
@@ -46,101 +51,124 @@ type NetlinkTable struct {
 // netfilter netlink socket right after a ruleset commit makes the kernel
 // wait for an RCU grace period (~12-15 ms here), which a socket per call
 // would add to every sync.
-func NewNetlinkTable() *NetlinkTable { return &NetlinkTable{} }
-
-// NewNetlinkTableWith returns a Table using h, e.g. a handle opened in
-// another network namespace with netlink.NewHandleAt.
-func NewNetlinkTableWith(h *netlink.Handle) *NetlinkTable { return &NetlinkTable{handle: h} }
+func NewNetlinkTable() *NetlinkTable {
+	return &NetlinkTable{fd: -1, open: func() (int, error) { return nfnl.OpenSocket(0) }}
+}
 
 // DeleteFlows implements Table.
-func (t *NetlinkTable) DeleteFlows(family model.Family, stale func(Flow) bool) (int, error) {
-	fam := netlink.InetFamily(unix.AF_INET)
+func (t *NetlinkTable) DeleteFlows(family model.Family, scope Scope, stale func(Flow) bool) (int, error) {
+	fam := byte(unix.AF_INET)
 	if family == model.IPv6 {
 		fam = unix.AF_INET6
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.handle == nil {
-		h, err := netlink.NewHandle(unix.NETLINK_NETFILTER)
+	if t.fd < 0 {
+		fd, err := t.open()
 		if err != nil {
 			return 0, fmt.Errorf("opening a conntrack netlink socket: %w", err)
 		}
-		// A kept socket has no default timeout: a lost reply must not
-		// block every later sync.
-		if err := h.SetSocketTimeout(socketTimeout); err != nil {
-			h.Close()
-			return 0, fmt.Errorf("setting the conntrack netlink socket's timeout: %w", err)
-		}
-		t.handle, t.owned = h, true
+		t.fd = fd
 	}
 	total := 0
 	var err error
 	for range maxAttempts {
-		var n uint
-		n, err = t.handle.ConntrackDeleteFilters(netlink.ConntrackTable, fam, flowFilter(stale))
-		total += int(n)
-		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+		var n int
+		n, err = t.walk(fam, scope, stale)
+		total += n
+		if !errors.Is(err, nfnl.ErrInterrupted) {
 			break
 		}
 	}
 	switch {
-	case errors.Is(err, netlink.ErrDumpInterrupted):
+	case errors.Is(err, nfnl.ErrInterrupted):
 		return total, fmt.Errorf("%w: %w", ErrPartial, err)
 	case err != nil:
 		// The socket may hold the rest of a dump: the next call opens
 		// another.
-		if t.owned {
-			t.handle.Close()
-			t.handle = nil
-		}
+		unix.Close(t.fd)
+		t.fd = -1
 		return total, fmt.Errorf("deleting %s conntrack entries: %w", family, err)
 	}
 	return total, nil
 }
 
-// socketTimeout bounds each read and write on the kept socket.
-const socketTimeout = 30 * time.Second
+// walk dumps the table once, then deletes the stale entries it saw. An
+// interrupted dump still deletes them and returns nfnl.ErrInterrupted.
+func (t *NetlinkTable) walk(fam byte, scope Scope, stale func(Flow) bool) (int, error) {
+	var found []entry
+	collect := func(attrs []byte) error {
+		if e := parseEntry(attrs); e.ok && stale(e.flow) {
+			found = append(found, e.kept())
+		}
+		return nil
+	}
+	filtered := !t.unfiltered && scope != Scope{}
+	if t.rb == nil {
+		t.rb = make([]byte, nfnl.DumpBufSize)
+	}
+	clean, err := nfnl.DumpOn(t.fd, dumpRequest(fam, scope, filtered), t.rb, collect)
+	var errno syscall.Errno
+	if filtered && clean && errors.As(err, &errno) {
+		// A kernel that knows the filter attributes but not these
+		// values: read everything from now on.
+		t.unfiltered = true
+		found = found[:0]
+		clean, err = nfnl.DumpOn(t.fd, dumpRequest(fam, scope, false), t.rb, collect)
+	}
+	if err != nil && !errors.Is(err, nfnl.ErrInterrupted) {
+		return 0, err
+	}
+	n, derr := t.delete(fam, found)
+	if derr != nil {
+		return n, derr
+	}
+	return n, err
+}
+
+// deleteChunk bounds the bytes of delete requests sent at once (the
+// socket's send buffer is 256 KiB).
+const deleteChunk = 64 << 10
+
+// delete deletes entries, a chunk of requests per sendmsg. An entry already
+// gone (ENOENT: expired, or deleted by someone else) counts as deleted.
+func (t *NetlinkTable) delete(fam byte, entries []entry) (int, error) {
+	deleted, failed := 0, 0
+	var firstErr syscall.Errno
+	var buf []byte
+	for len(entries) > 0 {
+		buf, sent := buf[:0], 0
+		for sent < len(entries) && len(buf) < deleteChunk {
+			buf = appendDelete(buf, fam, entries[sent])
+			sent++
+		}
+		entries = entries[sent:]
+		if err := unix.Sendto(t.fd, buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+			return deleted, fmt.Errorf("sending conntrack deletes: %w", err)
+		}
+		err := nfnl.ReadAcks(t.fd, sent, func(errno syscall.Errno) {
+			switch errno {
+			case 0, unix.ENOENT:
+				deleted++
+			default:
+				failed++
+				if firstErr == 0 {
+					firstErr = errno
+				}
+			}
+		})
+		if err != nil {
+			return deleted, err
+		}
+	}
+	if failed > 0 {
+		return deleted, fmt.Errorf("%d conntrack entries not deleted: %w", failed, firstErr)
+	}
+	return deleted, nil
+}
 
 // tcpConntrackSynSent is the kernel's TCP_CONNTRACK_SYN_SENT.
 const tcpConntrackSynSent = 1
-
-// flowFilter adapts a stale func to netlink's filter interface.
-type flowFilter func(Flow) bool
-
-// MatchConntrackFlow implements netlink.CustomConntrackFilter.
-func (f flowFilter) MatchConntrackFlow(c *netlink.ConntrackFlow) bool {
-	flow, ok := toFlow(c)
-	return ok && f(flow)
-}
-
-// toFlow converts a netlink entry; ok is false for protocols never cleaned.
-func toFlow(c *netlink.ConntrackFlow) (Flow, bool) {
-	var proto model.Protocol
-	switch c.Forward.Protocol {
-	case unix.IPPROTO_UDP:
-		proto = model.UDP
-	case unix.IPPROTO_SCTP:
-		proto = model.SCTP
-	case unix.IPPROTO_TCP:
-		proto = model.TCP
-	default:
-		return Flow{}, false
-	}
-	f := Flow{
-		Protocol: proto,
-		OrigDst:  addrPort(c.Forward.DstIP, c.Forward.DstPort),
-		ReplySrc: addrPort(c.Reverse.SrcIP, c.Reverse.SrcPort),
-	}
-	if info, ok := c.ProtoInfo.(*netlink.ProtoInfoTCP); ok {
-		f.SynSent = info.State == tcpConntrackSynSent
-	}
-	return f, true
-}
-
-func addrPort(ip net.IP, port uint16) netip.AddrPort {
-	a, _ := netip.AddrFromSlice(ip)
-	return netip.AddrPortFrom(a.Unmap(), port)
-}
 
 // Result is the outcome of one family's cleanup.
 type Result struct {
@@ -202,7 +230,15 @@ func (c *Cleaner) cleanFamily(ctx context.Context, plan *Plan, fam model.Family)
 		return res
 	}
 	start := c.now()
-	res.Deleted, res.Err = c.table.DeleteFlows(fam, plan.Stale)
+	var errs []error
+	for _, scope := range plan.Scopes() {
+		n, err := c.table.DeleteFlows(fam, scope, plan.Stale)
+		res.Deleted += n
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	res.Err = errors.Join(errs...)
 	res.Duration = c.now().Sub(start)
 	switch {
 	case errors.Is(res.Err, ErrPartial):

@@ -174,8 +174,14 @@ const requestSeq = 1
 // Message returns one nf_tables request of type typ outside a batch (a
 // dump or a query), its attributes written by attrs (may be nil).
 func Message(typ, flags uint16, fam byte, attrs func(b *Batch)) []byte {
+	return SubsysMessage(subsysNFTables, typ, flags, fam, attrs)
+}
+
+// SubsysMessage is Message for the nfnetlink subsystem subsys (e.g.
+// unix.NFNL_SUBSYS_CTNETLINK, conntrack).
+func SubsysMessage(subsys byte, typ, flags uint16, fam byte, attrs func(b *Batch)) []byte {
 	b := &Batch{buf: make([]byte, 0, 256), fam: fam, seq: requestSeq}
-	start := b.header(subsysNFTables<<8|typ, unix.NLM_F_REQUEST|flags, fam)
+	start := b.header(uint16(subsys)<<8|typ, unix.NLM_F_REQUEST|flags, fam)
 	if attrs != nil {
 		attrs(b)
 	}

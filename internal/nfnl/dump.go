@@ -79,11 +79,27 @@ func Dump(fam byte, typ uint16, attrs func(b *Batch), fn func(attrs []byte) erro
 
 // dump runs one dump on fd; clean tells whether it was read to its end.
 func dump(fd int, fam byte, typ uint16, attrs func(b *Batch), fn func(attrs []byte) error) (clean bool, err error) {
-	if err := unix.Sendto(fd, Message(typ, unix.NLM_F_DUMP, fam, attrs), 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+	return DumpOn(fd, Message(typ, unix.NLM_F_DUMP, fam, attrs), nil, fn)
+}
+
+// DumpBufSize is the receive buffer a dump needs: the kernel fills up to
+// this much per read.
+const DumpBufSize = 1 << 20
+
+// DumpOn sends the dump request req (built with SubsysMessage and
+// unix.NLM_F_DUMP) on fd, a socket the caller keeps, and calls fn with the
+// attributes of every reply, as Dump does; they alias rb (DumpBufSize
+// bytes, allocated when nil), which a caller that dumps often keeps. clean
+// tells whether the dump was read to its end (else fd may hold the rest of
+// it).
+func DumpOn(fd int, req, rb []byte, fn func(attrs []byte) error) (clean bool, err error) {
+	if err := unix.Sendto(fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return false, fmt.Errorf("sending a netlink dump request: %w", err)
 	}
 	interrupted := false
-	rb := make([]byte, 1<<20)
+	if len(rb) < DumpBufSize {
+		rb = make([]byte, DumpBufSize)
+	}
 	for range 1 << 24 {
 		n, _, err := unix.Recvfrom(fd, rb, 0)
 		if err != nil {
@@ -237,4 +253,26 @@ func request(msg []byte, reply uint16) ([]byte, error) {
 		return true, result
 	})
 	return out, err
+}
+
+// ReadAcks reads from fd the replies to n requests sent with NLM_F_ACK
+// (one NLMSG_ERROR each) and calls fn with each one's errno, 0 for success.
+func ReadAcks(fd int, n int, fn func(errno syscall.Errno)) error {
+	rb := make([]byte, 32<<10)
+	for seen := 0; seen < n; {
+		got, _, err := unix.Recvfrom(fd, rb, 0)
+		if err != nil {
+			return fmt.Errorf("reading netlink acknowledgements: %w", err)
+		}
+		eachMsg(rb[:got], func(m []byte) bool {
+			if binary.NativeEndian.Uint16(m[4:]) != unix.NLMSG_ERROR {
+				return false
+			}
+			errno, _ := msgErrno(m)
+			fn(errno)
+			seen++
+			return seen == n
+		})
+	}
+	return nil
 }
