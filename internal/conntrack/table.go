@@ -114,7 +114,7 @@ func (t *NetlinkTable) walk(fam byte, scope Scope, stale func(Flow) bool) (int, 
 		// values: read everything from now on.
 		t.unfiltered = true
 		found = found[:0]
-		clean, err = nfnl.DumpOn(t.fd, dumpRequest(fam, scope, false), t.rb, collect)
+		_, err = nfnl.DumpOn(t.fd, dumpRequest(fam, scope, false), t.rb, collect)
 	}
 	if err != nil && !errors.Is(err, nfnl.ErrInterrupted) {
 		return 0, err
