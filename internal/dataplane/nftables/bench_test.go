@@ -43,6 +43,20 @@ func withChangedEndpoint(snap *model.Snapshot, i, version int) *model.Snapshot {
 	return &out
 }
 
+// withEndpoints returns snap with port i's endpoints set to eps; every
+// other port is shared.
+func withEndpoints(snap *model.Snapshot, i int, eps []*model.Endpoint) *model.Snapshot {
+	fs := *snap.V4
+	fs.Ports = slices.Clone(fs.Ports)
+	next := *fs.Ports[i]
+	next.Endpoints = eps
+	dptest.Categorize(&next)
+	fs.Ports[i] = &next
+	out := *snap
+	out.V4 = &fs
+	return &out
+}
+
 // changed is the SyncRequest naming the Service of port i.
 func changed(snap *model.Snapshot, i int) dataplane.SyncRequest {
 	return dataplane.SyncRequest{Changed: map[objects.Key]struct{}{snap.V4.Ports[i].ID.Service(): {}}}
@@ -214,6 +228,30 @@ func scaleRun(t *testing.T, n int) {
 			lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1], len(lat))
 	}
 	changes("no monitor", 0)
+	// The daemon bench's change: a Service's only endpoint comes and goes
+	// (its frontends move in and out of the no-endpoints sets).
+	var emptied, refilled []time.Duration
+	for v := range 200 {
+		i := (v / 2 * 397) % n
+		if v%2 == 0 {
+			snap = withEndpoints(snap, i, nil)
+		} else {
+			snap = withEndpoints(snap, i, []*model.Endpoint{dptest.EP("198.18.126.1", 8080, false)})
+		}
+		req := changed(snap, i)
+		s := time.Now()
+		tn.sync(p, snap, req)
+		if v%2 == 0 {
+			emptied = append(emptied, time.Since(s))
+		} else {
+			refilled = append(refilled, time.Since(s))
+		}
+	}
+	for _, l := range [][]time.Duration{emptied, refilled} {
+		slices.Sort(l)
+	}
+	t.Logf("%d Services: a Service's last endpoint removed / its first added, Sync to kernel: p50 %v / %v, p99 %v / %v",
+		n, emptied[len(emptied)/2], refilled[len(refilled)/2], emptied[len(emptied)*99/100], refilled[len(refilled)*99/100])
 	// The first Drifted opens the monitor: the kernel then builds a
 	// notification of every change kproxy commits.
 	drifted("first check (opens the monitor, checks by name)", false)
