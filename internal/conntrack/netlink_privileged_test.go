@@ -222,7 +222,7 @@ func kernelAtLeast(t *testing.T, major, minor int) bool {
 
 // TestPrivilegedNetlinkScopes checks that a scoped walk is shown only the
 // entries of its scope: the kernel filters the dump (by protocol since
-// 5.10, by reply status since 6.1), and a table that stopped filtering
+// 5.8, by reply status since 5.15), and a table that stopped filtering
 // shows them all.
 func TestPrivilegedNetlinkScopes(t *testing.T) {
 	requireRoot(t)
@@ -250,8 +250,8 @@ func TestPrivilegedNetlinkScopes(t *testing.T) {
 		minKernel [2]int
 	}{
 		{Scope{}, []string{"TCP/false", "TCP/true", "UDP/false"}, [2]int{0, 0}},
-		{Scope{Protocol: model.UDP}, []string{"UDP/false"}, [2]int{5, 10}},
-		{Scope{Protocol: model.TCP, Unreplied: true}, []string{"TCP/true"}, [2]int{6, 1}},
+		{Scope{Protocol: model.UDP}, []string{"UDP/false"}, [2]int{5, 8}},
+		{Scope{Protocol: model.TCP, Unreplied: true}, []string{"TCP/true"}, [2]int{5, 15}},
 	} {
 		got := seen(tc.scope)
 		if !kernelAtLeast(t, tc.minKernel[0], tc.minKernel[1]) {

@@ -21,8 +21,8 @@ const (
 	ctaProtoinfo  = 4  // CTA_PROTOINFO
 	ctaID         = 12 // CTA_ID
 	ctaZone       = 18 // CTA_ZONE
-	ctaFilter     = 25 // CTA_FILTER (Linux 5.10)
-	ctaStatusMask = 26 // CTA_STATUS_MASK (Linux 6.1)
+	ctaFilter     = 25 // CTA_FILTER (Linux 5.8)
+	ctaStatusMask = 26 // CTA_STATUS_MASK (Linux 5.15)
 
 	ctaTupleIP    = 1 // CTA_TUPLE_IP
 	ctaTupleProto = 2 // CTA_TUPLE_PROTO
@@ -47,8 +47,8 @@ const (
 )
 
 // Scope is the part of a family's table that one walk reads: the kernel
-// leaves the other entries out of the dump (by protocol since Linux 5.10,
-// by reply status since 6.1), so that a node's established TCP
+// leaves the other entries out of the dump (by protocol since Linux 5.8,
+// by reply status since 5.15), so that a node's established TCP
 // connections are neither copied to kproxy nor parsed when only UDP
 // frontends changed. A kernel without those filters sends every entry and
 // the stale func judges them all, with the same result.
