@@ -137,7 +137,8 @@ func (t *NetlinkTable) delete(fam byte, entries []entry) (int, error) {
 	var firstErr syscall.Errno
 	var buf []byte
 	for len(entries) > 0 {
-		buf, sent := buf[:0], 0
+		buf = buf[:0]
+		sent := 0
 		for sent < len(entries) && len(buf) < deleteChunk {
 			buf = appendDelete(buf, fam, entries[sent])
 			sent++
