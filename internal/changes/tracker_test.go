@@ -2,6 +2,7 @@ package changes
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"sort"
 	"sync"
@@ -27,7 +28,7 @@ func slice(name, service, rv string, ips ...string) *objects.EndpointSlice {
 	es := &objects.EndpointSlice{Namespace: "ns", Name: name, ResourceVersion: rv, ServiceName: service,
 		AddressType: objects.AddressTypeIPv4, Ports: []objects.EndpointPort{{Port: 8080}}}
 	for _, ip := range ips {
-		es.Endpoints = append(es.Endpoints, objects.Endpoint{Address: ip, HasAddress: true})
+		es.Endpoints = append(es.Endpoints, objects.Endpoint{Addr: netip.MustParseAddr(ip), HasAddress: true})
 	}
 	return es
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"testing"
 
@@ -102,5 +103,5 @@ func TestCleanerPartial(t *testing.T) {
 func udpSlice(svc, addr string) *objects.EndpointSlice {
 	return &objects.EndpointSlice{Namespace: "ns", Name: svc + "-1", ServiceName: svc, AddressType: "IPv4",
 		Ports:     []objects.EndpointPort{{Name: "dns", Protocol: "UDP", Port: 53}},
-		Endpoints: []objects.Endpoint{{Address: addr, HasAddress: true, NodeName: "other"}}}
+		Endpoints: []objects.Endpoint{{Addr: netip.MustParseAddr(addr), HasAddress: true, Node: objects.OnNode("other")}}}
 }

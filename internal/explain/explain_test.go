@@ -26,7 +26,7 @@ func ep(addr, node string, ready bool, hints ...string) objects.Endpoint {
 	if !ready {
 		c = objects.CondFalse
 	}
-	e := objects.Endpoint{Address: addr, NodeName: node, HasAddress: true, Ready: c, Serving: c, Terminating: objects.CondFalse}
+	e := objects.Endpoint{Addr: netip.MustParseAddr(addr), Node: objects.OnNode(node), HasAddress: true, Ready: c, Serving: c, Terminating: objects.CondFalse}
 	if len(hints) > 0 {
 		e.Hints = &objects.Hints{Zones: hints}
 	}

@@ -23,8 +23,8 @@ func snapshot(t *testing.T) *model.Snapshot {
 	slice := &objects.EndpointSlice{Namespace: "ns", Name: "web-1", ServiceName: "web", AddressType: "IPv4",
 		Ports: []objects.EndpointPort{{Name: "http", Protocol: "TCP", Port: 8080}},
 		Endpoints: []objects.Endpoint{
-			{Address: "198.18.17.10", NodeName: "node1", HasAddress: true, Ready: yes, Serving: yes, Terminating: no},
-			{Address: "198.18.18.10", NodeName: "node2", HasAddress: true, Ready: no, Serving: yes, Terminating: yes},
+			{Addr: netip.MustParseAddr("198.18.17.10"), Node: objects.OnNode("node1"), HasAddress: true, Ready: yes, Serving: yes, Terminating: no},
+			{Addr: netip.MustParseAddr("198.18.18.10"), Node: objects.OnNode("node2"), HasAddress: true, Ready: no, Serving: yes, Terminating: yes},
 		}}
 	snap, probs := model.Build(model.Input{NodeName: "node1",
 		Node:     &objects.Node{Name: "node1", InternalIPs: []string{"198.18.0.11"}},

@@ -132,7 +132,7 @@ type builder struct {
 }
 
 func newBuilder(node NodeInfo, lb BalancingOptions) *builder {
-	return &builder{node: node, balancing: lb, reader: endpointReader{nodeName: node.Name}}
+	return &builder{node: node, balancing: lb, reader: endpointReader{node: objects.OnNode(node.Name)}}
 }
 
 // service appends the ports of the Service key, in each family, sorted by

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unique"
 
 	"github.com/kproxy/kproxy/internal/objects"
 )
@@ -26,7 +27,9 @@ type portGroup struct {
 // It reuses its buffers from one Service to the next: what it returns is
 // valid until its next call.
 type endpointReader struct {
-	nodeName string
+	// node is this node's name (zero when it has none): a handle, so
+	// that telling a local endpoint is a pointer comparison.
+	node     unique.Handle[string]
 	byFam    [2][]*objects.EndpointSlice
 	base     []Endpoint
 	groups   []portGroup
@@ -105,7 +108,7 @@ func (r *endpointReader) addSlice(f Family, i int, s *objects.EndpointSlice, pro
 	}
 	r.base = r.base[:0]
 	for j := range s.Endpoints {
-		if ep, ok := r.endpoint(f, j, &s.Endpoints[j], probs); ok {
+		if ep, ok := r.endpoint(f, j, s, probs); ok {
 			r.base = append(r.base, ep)
 		}
 	}
@@ -133,17 +136,22 @@ func slicePort(j int, p objects.EndpointPort, probs *problemList) (portSpec, boo
 	return portSpec{key: portKey{p.Name, proto}, port: uint16(p.Port)}, true
 }
 
-// endpoint reads entry j of a slice's endpoints (its first address only),
+// endpoint reads entry j of slice s's endpoints (its first address only),
 // applying upstream's defaults to the conditions.
-func (r *endpointReader) endpoint(f Family, j int, e *objects.Endpoint, probs *problemList) (Endpoint, bool) {
+func (r *endpointReader) endpoint(f Family, j int, s *objects.EndpointSlice, probs *problemList) (Endpoint, bool) {
+	e := &s.Endpoints[j]
 	field := "endpoints[" + strconv.Itoa(j) + "].addresses"
 	if !e.HasAddress {
 		probs.add(field, "no address")
 		return Endpoint{}, false
 	}
-	a, ok := parseAddr(e.Address)
-	if !ok {
-		probs.add(field, "invalid IP address "+quote(e.Address))
+	a := e.Addr
+	if !a.IsValid() {
+		if text, ok := s.BadAddresses[j]; ok {
+			probs.add(field, "invalid IP address "+quote(text))
+		} else {
+			probs.add(field, "invalid IP address")
+		}
 		return Endpoint{}, false
 	}
 	if FamilyOf(a) != f {
@@ -155,7 +163,7 @@ func (r *endpointReader) endpoint(f Family, j int, e *objects.Endpoint, probs *p
 		Ready:       e.Ready.Or(true),
 		Serving:     e.Serving.Or(true),
 		Terminating: e.Terminating.Or(false),
-		IsLocal:     r.nodeName != "" && e.NodeName == r.nodeName,
+		IsLocal:     r.node != (unique.Handle[string]{}) && e.Node == r.node,
 		Hints:       e.Hints,
 	}, true
 }

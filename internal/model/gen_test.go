@@ -139,7 +139,7 @@ func (g *gen) slice(k objects.Key, svc *objects.Service) *objects.EndpointSlice 
 	for n := g.intn(8); n > 0; n-- {
 		e := objects.Endpoint{
 			Ready: g.cond(), Serving: g.cond(), Terminating: g.cond(),
-			NodeName: pick(g, genNodes...),
+			Node: objects.OnNode(pick(g, genNodes...)),
 		}
 		if zoneHints || nodeHints {
 			e.Hints = &objects.Hints{}
@@ -152,7 +152,15 @@ func (g *gen) slice(k objects.Key, svc *objects.Service) *objects.EndpointSlice 
 		}
 		// Zero to two addresses; the first is the one used.
 		if m := g.intn(3); m > 0 {
-			e.Address, e.HasAddress = g.sliceAddr(s.AddressType), true
+			text := g.sliceAddr(s.AddressType)
+			a, ok := objects.ParseAddr(text)
+			e.Addr, e.HasAddress = a, true
+			if !ok {
+				if s.BadAddresses == nil {
+					s.BadAddresses = map[int]string{}
+				}
+				s.BadAddresses[len(s.Endpoints)] = text
+			}
 		}
 		s.Endpoints = append(s.Endpoints, e)
 	}

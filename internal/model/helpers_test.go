@@ -35,14 +35,17 @@ func httpPort(port int32) []objects.EndpointPort {
 
 // ep is a ready endpoint on node "other".
 func ep(addr string, opts ...func(*objects.Endpoint)) objects.Endpoint {
-	e := objects.Endpoint{Address: addr, HasAddress: true, NodeName: "other"}
+	a, _ := objects.ParseAddr(addr) // invalid when addr does not parse
+	e := objects.Endpoint{Addr: a, HasAddress: true, Node: objects.OnNode("other")}
 	for _, o := range opts {
 		o(&e)
 	}
 	return e
 }
 
-func onNode(n string) func(*objects.Endpoint) { return func(e *objects.Endpoint) { e.NodeName = n } }
+func onNode(n string) func(*objects.Endpoint) {
+	return func(e *objects.Endpoint) { e.Node = objects.OnNode(n) }
+}
 func conds(r, s, t *bool) func(*objects.Endpoint) {
 	return func(e *objects.Endpoint) {
 		e.Ready, e.Serving, e.Terminating = objects.CondOf(r), objects.CondOf(s), objects.CondOf(t)

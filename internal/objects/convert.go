@@ -1,8 +1,6 @@
 package objects
 
 import (
-	"unique"
-
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 )
@@ -90,8 +88,21 @@ func FromEndpointSlice(es *discoveryv1.EndpointSlice) *EndpointSlice {
 	}
 	if len(es.Endpoints) > 0 {
 		out.Endpoints = make([]Endpoint, len(es.Endpoints))
+		ip := es.AddressType != discoveryv1.AddressTypeFQDN
 		for i := range es.Endpoints {
-			out.Endpoints[i] = endpoint(&es.Endpoints[i])
+			ep := &es.Endpoints[i]
+			out.Endpoints[i] = endpoint(ep)
+			if len(ep.Addresses) == 0 || !ip {
+				continue
+			}
+			if a, ok := ParseAddr(ep.Addresses[0]); ok {
+				out.Endpoints[i].Addr = a
+			} else {
+				if out.BadAddresses == nil {
+					out.BadAddresses = map[int]string{}
+				}
+				out.BadAddresses[i] = ep.Addresses[0]
+			}
 		}
 	}
 	return out
@@ -117,13 +128,11 @@ func endpoint(ep *discoveryv1.Endpoint) Endpoint {
 		Serving:     CondOf(ep.Conditions.Serving),
 		Terminating: CondOf(ep.Conditions.Terminating),
 	}
-	if len(ep.Addresses) > 0 {
-		out.Address, out.HasAddress = ep.Addresses[0], true
-	}
+	out.HasAddress = len(ep.Addresses) > 0
 	if ep.NodeName != nil {
 		// One copy per node name, not one per endpoint: at 10k Services
 		// × 100 endpoints the decoded names held 16 MB.
-		out.NodeName = unique.Make(*ep.NodeName).Value()
+		out.Node = OnNode(*ep.NodeName)
 	}
 	if h := ep.Hints; h != nil && len(h.ForZones)+len(h.ForNodes) > 0 {
 		out.Hints = &Hints{}

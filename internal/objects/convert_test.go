@@ -1,6 +1,7 @@
 package objects
 
 import (
+	"net/netip"
 	"reflect"
 	"testing"
 	"unsafe"
@@ -88,9 +89,9 @@ func TestFromEndpointSlice(t *testing.T) {
 		Namespace: "ns", Name: "web-abc", ResourceVersion: "3", ServiceName: "web", AddressType: "IPv4",
 		Ports: []EndpointPort{{Name: "http", Protocol: "UDP", Port: 8080}, {}},
 		Endpoints: []Endpoint{
-			{Address: "198.18.3.1", HasAddress: true, Ready: CondTrue, Serving: CondTrue, Terminating: CondFalse,
-				NodeName: "node-a", Hints: &Hints{Zones: []string{"z1"}, Nodes: []string{"node-a"}}},
-			{Address: "198.18.3.2", HasAddress: true},
+			{Addr: netip.MustParseAddr("198.18.3.1"), HasAddress: true, Ready: CondTrue, Serving: CondTrue, Terminating: CondFalse,
+				Node: OnNode("node-a"), Hints: &Hints{Zones: []string{"z1"}, Nodes: []string{"node-a"}}},
+			{Addr: netip.MustParseAddr("198.18.3.2"), HasAddress: true},
 		},
 		TriggerTime: "2025-01-02T03:04:05Z",
 	}
@@ -116,6 +117,56 @@ func TestFromEndpointSlice(t *testing.T) {
 	}
 	if got.ServiceKey() != (Key{"ns", "web"}) {
 		t.Errorf("ServiceKey = %v", got.ServiceKey())
+	}
+}
+
+// Addresses are parsed once, as the API server's objects are read: the
+// first address only, upstream's sloppy forms accepted, what does not
+// parse kept as text for the model's problem report, FQDN slices left
+// unparsed (nothing proxies them).
+func TestFromEndpointSliceAddresses(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		addrType discoveryv1.AddressType
+		addrs    []string
+		want     netip.Addr
+		has      bool
+		bad      string
+	}{
+		{"IPv4", discoveryv1.AddressTypeIPv4, []string{"198.18.3.1", "198.18.3.2"}, netip.MustParseAddr("198.18.3.1"), true, ""},
+		{"IPv6", discoveryv1.AddressTypeIPv6, []string{"fd00::1"}, netip.MustParseAddr("fd00::1"), true, ""},
+		{"leading zeros read as decimal", discoveryv1.AddressTypeIPv4, []string{"198.018.003.001"}, netip.MustParseAddr("198.18.3.1"), true, ""},
+		{"IPv4-mapped IPv6 is IPv4", discoveryv1.AddressTypeIPv4, []string{"::ffff:198.18.3.1"}, netip.MustParseAddr("198.18.3.1"), true, ""},
+		{"zone refused", discoveryv1.AddressTypeIPv6, []string{"fe80::1%eth0"}, netip.Addr{}, true, "fe80::1%eth0"},
+		{"not an address", discoveryv1.AddressTypeIPv4, []string{"198.18.3.300"}, netip.Addr{}, true, "198.18.3.300"},
+		{"no address", discoveryv1.AddressTypeIPv4, nil, netip.Addr{}, false, ""},
+		{"FQDN", discoveryv1.AddressTypeFQDN, []string{"example.test"}, netip.Addr{}, true, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			es := &discoveryv1.EndpointSlice{AddressType: tc.addrType, Endpoints: []discoveryv1.Endpoint{
+				{Addresses: []string{"198.18.9.9"}}, {Addresses: tc.addrs}}}
+			got := FromEndpointSlice(es)
+			e := got.Endpoints[1]
+			if e.Addr != tc.want || e.HasAddress != tc.has || got.BadAddresses[1] != tc.bad {
+				t.Errorf("got %v (has %v, bad %q), want %v (has %v, bad %q)", e.Addr, e.HasAddress, got.BadAddresses[1], tc.want, tc.has, tc.bad)
+			}
+			if _, ok := got.BadAddresses[0]; ok || (tc.bad == "") != (got.BadAddresses == nil) {
+				t.Errorf("BadAddresses %v, want only endpoint 1's", got.BadAddresses)
+			}
+		})
+	}
+}
+
+// NodeName reads the handle back; no node is "".
+func TestEndpointNodeName(t *testing.T) {
+	if n := (&Endpoint{}).NodeName(); n != "" {
+		t.Errorf("no node: %q", n)
+	}
+	if n := (&Endpoint{Node: OnNode("node-a")}).NodeName(); n != "node-a" {
+		t.Errorf("node-a: %q", n)
+	}
+	if OnNode("") != (Endpoint{}).Node {
+		t.Errorf(`OnNode("") is not the zero handle`)
 	}
 }
 

@@ -7,7 +7,11 @@
 // malformed object is reported once, in one place.
 package objects
 
-import "cmp"
+import (
+	"cmp"
+	"net/netip"
+	"unique"
+)
 
 // Well-known labels, annotations and taints kproxy reads.
 const (
@@ -122,6 +126,9 @@ type EndpointSlice struct {
 	AddressType string // IPv4, IPv6, FQDN
 	Ports       []EndpointPort
 	Endpoints   []Endpoint
+	// BadAddresses are the addresses, by endpoint index, that do not
+	// parse as IP addresses (nil when every one does).
+	BadAddresses map[int]string
 
 	// TriggerTime is the endpoints.kubernetes.io/last-change-trigger-time
 	// annotation, RFC 3339, or "" when absent.
@@ -143,18 +150,40 @@ type EndpointPort struct {
 }
 
 // Endpoint is one entry of an EndpointSlice's endpoints. It is kept small
-// (48 bytes): a 10k-Service cluster has 100k of them. The endpoint's zone
-// is not kept: upstream's topology reads the hints, never the zone.
+// (48 bytes, nothing of its own on the heap): at 10k Services × 100
+// endpoints there are a million of them, and an address kept as text was
+// a 16-byte allocation each (16 MB). The endpoint's zone is not kept:
+// upstream's topology reads the hints, never the zone.
 type Endpoint struct {
-	// Address is the first of the endpoint's addresses, the only one
-	// used, as upstream does; HasAddress is false when it has none.
-	Address  string
-	NodeName string
+	// Addr is the first of the endpoint's addresses, the only one used,
+	// as upstream does, parsed as ParseAddr does. It is invalid when the
+	// endpoint has none (HasAddress false) or when that address does not
+	// parse (the slice's BadAddresses keeps its text).
+	Addr netip.Addr
+	// Node is the endpoint's nodeName (NodeName), one copy per name.
+	Node unique.Handle[string]
 	// Hints are the topology hints; nil when the endpoint has none.
 	Hints *Hints
 	// Conditions as the slice states them (CondUnset when absent).
 	Ready, Serving, Terminating Cond
 	HasAddress                  bool
+}
+
+// NodeName returns the endpoint's nodeName, "" when it has none.
+func (e *Endpoint) NodeName() string {
+	if e.Node == (unique.Handle[string]{}) {
+		return ""
+	}
+	return e.Node.Value()
+}
+
+// OnNode returns the Node handle of a node name ("" gives the handle of
+// no node).
+func OnNode(name string) unique.Handle[string] {
+	if name == "" {
+		return unique.Handle[string]{}
+	}
+	return unique.Make(name)
 }
 
 // Cond is an endpoint condition: unset, true or false.
