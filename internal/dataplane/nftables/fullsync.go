@@ -126,7 +126,7 @@ func (st *famState) elemOps(prev *desired, order []*portState, wantChains map[st
 			sizes[ps.Elems[i].Set]++
 		}
 		// A fresh or whole block is one op (fillOp).
-		n += len(ps.Elems) + len(ps.Hairpin) + len(ps.Fills)
+		n += len(ps.Elems) + len(ps.Fills)
 	}
 	st.want = make(map[string]map[string]elemRef, len(sizes))
 	bySet := make(map[string][]*element, len(sizes))
@@ -154,7 +154,9 @@ func (st *famState) elemOps(prev *desired, order []*portState, wantChains map[st
 			fills[f.b.shard] = append(fills[f.b.shard], f)
 		}
 	}
-	t.adds = slices.Grow(t.adds, n) // sized once, not regrown
+	// Sized once, not regrown; hairpin keys count once each (ports that
+	// share a local endpoint share its key).
+	t.adds = slices.Grow(t.adds, n+len(hairpins))
 	var prevFills map[string]*fill
 	if st.kElems == nil {
 		prevFills = fillsByKey(prev)
