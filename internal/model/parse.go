@@ -9,9 +9,6 @@ import (
 	"github.com/kproxy/kproxy/internal/objects"
 )
 
-// parseAddr parses an IP address as objects.ParseAddr does.
-func parseAddr(s string) (netip.Addr, bool) { return objects.ParseAddr(s) }
-
 // parsePrefix parses a CIDR as upstream does (sloppy, host bits allowed) and
 // returns it masked to its network. IPv4-mapped IPv6 prefixes are refused:
 // their family is ambiguous.
@@ -60,7 +57,7 @@ func addrList(ss []string, field string, probs *problemList) []netip.Addr {
 		if strings.TrimSpace(s) == "" {
 			continue
 		}
-		a, ok := parseAddr(s)
+		a, ok := objects.ParseAddr(s)
 		if !ok {
 			probs.add(field, "invalid IP address "+quote(s))
 			continue

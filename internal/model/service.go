@@ -102,7 +102,7 @@ func parseService(svc *objects.Service, lb BalancingOptions, probs *problemList)
 func parseClusterIPs(info *svcInfo, ips []string, probs *problemList) bool {
 	found := false
 	for _, s := range ips {
-		a, ok := parseAddr(s)
+		a, ok := objects.ParseAddr(s)
 		if !ok {
 			probs.add("spec.clusterIPs", "invalid IP address "+quote(s))
 			continue
@@ -247,7 +247,7 @@ func parseIngress(info *svcInfo, in []objects.LoadBalancerIngress, probs *proble
 		if ing.IP == "" {
 			continue
 		}
-		a, ok := parseAddr(ing.IP)
+		a, ok := objects.ParseAddr(ing.IP)
 		if !ok {
 			probs.add("status.loadBalancer.ingress", "invalid IP address "+quote(ing.IP))
 			continue

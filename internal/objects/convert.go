@@ -90,18 +90,13 @@ func FromEndpointSlice(es *discoveryv1.EndpointSlice) *EndpointSlice {
 		out.Endpoints = make([]Endpoint, len(es.Endpoints))
 		ip := es.AddressType != discoveryv1.AddressTypeFQDN
 		for i := range es.Endpoints {
-			ep := &es.Endpoints[i]
-			out.Endpoints[i] = endpoint(ep)
-			if len(ep.Addresses) == 0 || !ip {
-				continue
-			}
-			if a, ok := ParseAddr(ep.Addresses[0]); ok {
-				out.Endpoints[i].Addr = a
-			} else {
+			var bad string
+			out.Endpoints[i], bad = endpoint(&es.Endpoints[i], ip)
+			if bad != "" {
 				if out.BadAddresses == nil {
 					out.BadAddresses = map[int]string{}
 				}
-				out.BadAddresses[i] = ep.Addresses[0]
+				out.BadAddresses[i] = bad
 			}
 		}
 	}
@@ -122,13 +117,22 @@ func endpointPort(p discoveryv1.EndpointPort) EndpointPort {
 	return out
 }
 
-func endpoint(ep *discoveryv1.Endpoint) Endpoint {
-	out := Endpoint{
+// endpoint converts one endpoint; with ip (an IPv4 or IPv6 slice) it
+// parses the first address, returning its text as bad when it does not
+// parse.
+func endpoint(ep *discoveryv1.Endpoint, ip bool) (out Endpoint, bad string) {
+	out = Endpoint{
 		Ready:       CondOf(ep.Conditions.Ready),
 		Serving:     CondOf(ep.Conditions.Serving),
 		Terminating: CondOf(ep.Conditions.Terminating),
+		HasAddress:  len(ep.Addresses) > 0,
 	}
-	out.HasAddress = len(ep.Addresses) > 0
+	if out.HasAddress && ip {
+		var ok bool
+		if out.Addr, ok = ParseAddr(ep.Addresses[0]); !ok {
+			bad = ep.Addresses[0]
+		}
+	}
 	if ep.NodeName != nil {
 		// One copy per node name, not one per endpoint: at 10k Services
 		// × 100 endpoints the decoded names held 16 MB.
@@ -143,7 +147,7 @@ func endpoint(ep *discoveryv1.Endpoint) Endpoint {
 			out.Hints.Nodes = append(out.Hints.Nodes, n.Name)
 		}
 	}
-	return out
+	return out, bad
 }
 
 // FromNode returns the slim form of n: the zone label, pod CIDRs (spec.podCIDR

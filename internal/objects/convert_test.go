@@ -157,13 +157,10 @@ func TestFromEndpointSliceAddresses(t *testing.T) {
 	}
 }
 
-// NodeName reads the handle back; no node is "".
-func TestEndpointNodeName(t *testing.T) {
-	if n := (&Endpoint{}).NodeName(); n != "" {
-		t.Errorf("no node: %q", n)
-	}
-	if n := (&Endpoint{Node: OnNode("node-a")}).NodeName(); n != "node-a" {
-		t.Errorf("node-a: %q", n)
+// OnNode gives one handle per name; no node is the zero handle.
+func TestOnNode(t *testing.T) {
+	if h := OnNode("node-a"); h != OnNode("node-a") || h.Value() != "node-a" {
+		t.Errorf("node-a: %v", h)
 	}
 	if OnNode("") != (Endpoint{}).Node {
 		t.Errorf(`OnNode("") is not the zero handle`)

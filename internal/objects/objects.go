@@ -160,21 +160,13 @@ type Endpoint struct {
 	// endpoint has none (HasAddress false) or when that address does not
 	// parse (the slice's BadAddresses keeps its text).
 	Addr netip.Addr
-	// Node is the endpoint's nodeName (NodeName), one copy per name.
+	// Node is the endpoint's nodeName, one copy per name (OnNode).
 	Node unique.Handle[string]
 	// Hints are the topology hints; nil when the endpoint has none.
 	Hints *Hints
 	// Conditions as the slice states them (CondUnset when absent).
 	Ready, Serving, Terminating Cond
 	HasAddress                  bool
-}
-
-// NodeName returns the endpoint's nodeName, "" when it has none.
-func (e *Endpoint) NodeName() string {
-	if e.Node == (unique.Handle[string]{}) {
-		return ""
-	}
-	return e.Node.Value()
 }
 
 // OnNode returns the Node handle of a node name ("" gives the handle of
