@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
@@ -79,12 +80,10 @@ func adaptMemoryLimit(first bool) {
 	if !ownMemoryLimit {
 		return
 	}
-	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
-	metrics.Read(s)
-	if s[0].Value.Kind() != metrics.KindUint64 {
+	live := liveHeap()
+	if live == 0 {
 		return
 	}
-	live := int64(s[0].Value.Uint64())
 	debug.SetMemoryLimit(max(defaultMemoryLimit, live+live/2))
 	if ownGCPercent {
 		debug.SetGCPercent(100)
@@ -95,6 +94,82 @@ func adaptMemoryLimit(first bool) {
 		// than as the scavenger finds it.
 		go debug.FreeOSMemory()
 	}
+}
+
+// coldLimitFactor sets the soft memory limit during the first sync's
+// dataplane work, as a multiple of the live heap once its model is built
+// (when GOMEMLIMIT is not set). The render and the batches grow the live
+// heap to ~1.7–1.8 times that point (10k Services × 100 endpoints: 117–128
+// MB then, 207–230 MB at the sync's last collection), and at GOGC 40 the
+// heap's goal, over ~80 % span utilisation, set a 313–340 MiB peak; the
+// limit caps the late goals instead: 2.2 gave 286 MiB at the same cold
+// start and CPU. Below the sync's own live peak a limit makes the collector
+// run back to back (1.9: cold start +1–3 s), which guardColdLimit prevents
+// on shapes whose sync grows the heap more. Measure with the scale bench
+// (test/bench/README.md): make bench-scale SERVICES=10000 ENDPOINTS=100
+// MODE=nftables PROXY=kproxy RUNS=1 CHANGES=20, its peak RSS, cold start
+// and CPU; docs/performance.md has the figures.
+const coldLimitFactor = 2.2
+
+// coldLimit is the first sync's soft memory limit for a live heap of live
+// bytes.
+func coldLimit(live int64) int64 {
+	return max(defaultMemoryLimit, int64(float64(live)*coldLimitFactor))
+}
+
+// raisedLimit is the soft limit guardColdLimit sets for the live heap at
+// the last collection: limit while it leaves a quarter of the live heap
+// free, else 1.5 times live, which GOGC 40's goal (1.4 times) stays under,
+// so the pace rules again.
+func raisedLimit(live, limit int64) int64 {
+	if live+live/4 <= limit {
+		return limit
+	}
+	return live + live/2
+}
+
+// liveHeap is the heap marked live by the last collection (0 if the
+// runtime does not say).
+func liveHeap() int64 {
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return int64(s[0].Value.Uint64())
+}
+
+// startColdLimit sets the first sync's soft limit and starts its guard,
+// once (a failed first sync is retried under the same limit); stop ends the
+// guard before adaptMemoryLimit sets the limit for the syncs after.
+func startColdLimit(ctx context.Context) (stop func()) {
+	live := liveHeap()
+	if !ownMemoryLimit || live == 0 {
+		return func() {}
+	}
+	debug.SetMemoryLimit(coldLimit(live))
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		guardColdLimit(ctx, 10*time.Millisecond)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// guardColdLimit raises the soft limit whenever the live heap comes within
+// a quarter of it, until ctx ends: the collector then never runs more often
+// than a GOGC of 25 would make it.
+func guardColdLimit(ctx context.Context, every time.Duration) {
+	wait.UntilWithContext(ctx, func(context.Context) {
+		limit := debug.SetMemoryLimit(-1)
+		if next := raisedLimit(liveHeap(), limit); next != limit {
+			debug.SetMemoryLimit(next)
+		}
+	}, every)
 }
 
 // env is everything the daemon takes from the outside world; tests replace

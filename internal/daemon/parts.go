@@ -48,6 +48,9 @@ type daemon struct {
 	problems problemLog
 	// cidrs are the Service ranges the dataplane has (handServiceCIDRs).
 	cidrs []netip.Prefix
+	// endColdLimit stops the first sync's memory guard (startColdLimit);
+	// nil before the first sync and after it succeeded.
+	endColdLimit func()
 }
 
 // newDaemon builds the daemon's parts. It starts nothing and touches

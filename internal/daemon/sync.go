@@ -27,6 +27,9 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 		logNodeChange(logger, d.prev.Node, snap.Node, dataplane.LocalMode(d.o.Config.DetectLocalMode) == dataplane.LocalNodeCIDR)
 	}
 	d.handServiceCIDRs(ctx, snap)
+	if d.prev == nil && d.endColdLimit == nil {
+		d.endColdLimit = startColdLimit(ctx)
+	}
 	modelDone := d.env.clock.Now()
 
 	err := d.dp.Sync(ctx, snap, dataplane.SyncRequest{Full: req.Full, Changed: b.Changed, NodeChanged: b.NodeChanged})
@@ -63,6 +66,10 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 	report.Snapshot = snap
 	report.Duration = d.env.clock.Since(start)
 	d.obs.Synced(report)
+	if d.endColdLimit != nil {
+		d.endColdLimit()
+		d.endColdLimit = nil
+	}
 	adaptMemoryLimit(first)
 	logger.V(2).Info("Sync complete", "reason", req.Reason, "full", req.Full, "changed", len(b.Changed), "serviceCIDRsChanged", b.ServiceCIDRsChanged,
 		"elapsed", report.Duration, "model", modelDone.Sub(start), "dataplane", dpDone.Sub(modelDone), "conntrack", ctDone.Sub(dpDone), "report", d.env.clock.Since(ctDone))
