@@ -102,10 +102,12 @@ func adaptMemoryLimit(first bool) {
 // heap to ~1.7–1.8 times that point (10k Services × 100 endpoints: 117–128
 // MB then, 207–230 MB at the sync's last collection), and at GOGC 40 the
 // heap's goal, over ~80 % span utilisation, set a 313–340 MiB peak; the
-// limit caps the late goals instead: 2.2 gave 286 MiB at the same cold
-// start and CPU. Below the sync's own live peak a limit makes the collector
-// run back to back (1.9: cold start +1–3 s), which guardColdLimit prevents
-// on shapes whose sync grows the heap more. Measure with the scale bench
+// limit caps the late goals instead: 2.2 gives 287–288 MiB for 1.6–2.9 s
+// more of the collector's CPU (cold start within its run-to-run spread);
+// without affinity and at 10k × 10 it does not bind, at 50k × 10 it held
+// the goals at 260–269 MB (peak 316 MiB). Below the sync's own live peak a limit makes the collector run
+// back to back (1.9: cold start +1–3 s), which guardColdLimit prevents on
+// shapes whose sync grows the heap more. Measure with the scale bench
 // (test/bench/README.md): make bench-scale SERVICES=10000 ENDPOINTS=100
 // MODE=nftables PROXY=kproxy RUNS=1 CHANGES=20, its peak RSS, cold start
 // and CPU; docs/performance.md has the figures.
