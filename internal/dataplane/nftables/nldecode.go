@@ -159,6 +159,9 @@ func (n *netlinkReader) decodeRule(exprs []expr.Any) (rule, error) {
 	for len(exprs) > 0 {
 		s, used := n.decodeStmt(exprs)
 		if used == 0 {
+			s, used = reusedKeyUpdate(r, exprs[0])
+		}
+		if used == 0 {
 			return nil, fmt.Errorf("expression %s not understood after %q", exprName(exprs[0]), r)
 		}
 		r = append(r, s)
@@ -403,6 +406,20 @@ func (n *netlinkReader) decodeDNAT(e []expr.Any) (stmt, bool) {
 		return nil, false
 	}
 	return dnatTo{to: netip.AddrPortFrom(a, binary.BigEndian.Uint16(port.Data))}, true
+}
+
+// reusedKeyUpdate recognises an `update @set` that reads the key the
+// rule's lookup just before it left in the registers.
+func reusedKeyUpdate(r rule, e expr.Any) (stmt, int) {
+	d, ok := e.(*expr.Dynset)
+	if !ok || len(r) == 0 || reg(d.SrcRegKey) != reg(reg32First) || d.Operation != unix.NFT_DYNSET_OP_UPDATE || d.SetName == "" || d.SrcRegData != 0 {
+		return nil, 0
+	}
+	l, ok := r[len(r)-1].(lookup)
+	if !ok || l.vmap {
+		return nil, 0
+	}
+	return setUpdate{set: d.SetName, key: l.key, timeout: d.Timeout.Truncate(time.Second), keyLoaded: true}, 1
 }
 
 // decodeSelector recognises a concatenation of loads followed by a set

@@ -310,11 +310,14 @@ func (m markTest) appendExprs(out []expr.Any) []expr.Any {
 }
 
 // setUpdate is `update @set { KEY timeout Ns }`: add the key to a dynamic set
-// or refresh it (no timeout when zero).
+// or refresh it (no timeout when zero). keyLoaded says the lookup just
+// before it in the rule left the same key in the registers, so the update
+// reads them instead of loading the key again.
 type setUpdate struct {
-	set     string
-	key     key
-	timeout time.Duration
+	set       string
+	key       key
+	timeout   time.Duration
+	keyLoaded bool
 }
 
 func (u setUpdate) appendText(b []byte) []byte {
@@ -326,7 +329,10 @@ func (u setUpdate) appendText(b []byte) []byte {
 }
 
 func (u setUpdate) appendExprs(out []expr.Any) []expr.Any {
-	return append(u.key.appendExprs(out), &expr.Dynset{SrcRegKey: reg32First, SetName: u.set, Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: u.timeout})
+	if !u.keyLoaded {
+		out = u.key.appendExprs(out)
+	}
+	return append(out, &expr.Dynset{SrcRegKey: reg32First, SetName: u.set, Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: u.timeout})
 }
 
 // dnatTo is `dnat to ADDR:PORT`.
