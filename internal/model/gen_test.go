@@ -3,6 +3,7 @@ package model
 import (
 	"maps"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -248,6 +249,7 @@ func checkBuildAndUpdate(t *testing.T, data []byte) {
 	if again, _ := Build(in1); !equalSnapshots(s1, again) {
 		t.Fatalf("Build is not deterministic")
 	}
+	checkBuildParts(t, in1)
 	in2, changed := g.mutate(in1)
 	want, _ := Build(in2)
 	got, probs := Update(s1, in2, changed)
@@ -269,6 +271,25 @@ func checkBuildAndUpdate(t *testing.T, data []byte) {
 					t.Fatalf("unchanged port %s rebuilt", p.ID)
 				}
 			}
+		}
+	}
+}
+
+// checkBuildParts checks that the Services built on several builders are
+// the ports and problems one builder makes, in the same order.
+func checkBuildParts(t *testing.T, in Input) {
+	t.Helper()
+	node, _ := makeNodeInfo(in.NodeName, in.Node)
+	keys := slices.SortedFunc(maps.Keys(in.Services), objects.Key.Compare)
+	v4, v6, probs := buildParts(node, in, keys, 1)
+	one := &Snapshot{V4: NewFamilySnapshot(IPv4, v4), V6: NewFamilySnapshot(IPv6, v6)}
+	for _, n := range []int{2, 3} {
+		v4, v6, p := buildParts(node, in, keys, n)
+		if got := (&Snapshot{V4: NewFamilySnapshot(IPv4, v4), V6: NewFamilySnapshot(IPv6, v6)}); !equalSnapshots(got, one) {
+			t.Fatalf("%d builders: ports differ from one builder's\nv4 %v v6 %v\none: v4 %v v6 %v", n, got.V4.Ports, got.V6.Ports, one.V4.Ports, one.V6.Ports)
+		}
+		if !reflect.DeepEqual(p, probs) {
+			t.Fatalf("%d builders: problems %v, one builder's %v", n, p, probs)
 		}
 	}
 }
