@@ -412,7 +412,7 @@ func (n *netlinkReader) decodeDNAT(e []expr.Any) (stmt, bool) {
 // rule's lookup just before it left in the registers.
 func reusedKeyUpdate(r rule, e expr.Any) (stmt, int) {
 	d, ok := e.(*expr.Dynset)
-	if !ok || len(r) == 0 || reg(d.SrcRegKey) != reg(reg32First) || d.Operation != unix.NFT_DYNSET_OP_UPDATE || d.SetName == "" || d.SrcRegData != 0 {
+	if !ok || len(r) == 0 || !plainUpdate(d) {
 		return nil, 0
 	}
 	l, ok := r[len(r)-1].(lookup)
@@ -420,6 +420,12 @@ func reusedKeyUpdate(r rule, e expr.Any) (stmt, int) {
 		return nil, 0
 	}
 	return setUpdate{set: d.SetName, key: l.key, timeout: d.Timeout.Truncate(time.Second), keyLoaded: true}, 1
+}
+
+// plainUpdate says d is an `update @set { KEY }` of a set (no data) whose
+// key starts at the first register, the only form render writes.
+func plainUpdate(d *expr.Dynset) bool {
+	return reg(d.SrcRegKey) == reg(reg32First) && d.Operation == unix.NFT_DYNSET_OP_UPDATE && d.SetName != "" && d.SrcRegData == 0
 }
 
 // decodeSelector recognises a concatenation of loads followed by a set
@@ -462,7 +468,7 @@ func (n *netlinkReader) decodeSelector(e []expr.Any) (stmt, int) {
 			return lookup{key: k, set: x.SetName, vmap: true}, i + 1
 		}
 	case *expr.Dynset:
-		if reg(x.SrcRegKey) != reg(reg32First) || x.Operation != unix.NFT_DYNSET_OP_UPDATE || x.SetName == "" || x.SrcRegData != 0 {
+		if !plainUpdate(x) {
 			return nil, 0
 		}
 		return setUpdate{set: x.SetName, key: k, timeout: x.Timeout.Truncate(time.Second)}, i + 1

@@ -214,7 +214,7 @@ func permute(eps []*model.Endpoint, idx []int) []*model.Endpoint {
 // KPROXY_SCALE_SIZES=10000 KPROXY_SCALE_ENDPOINTS=100 KPROXY_SCALE_AFFINITY=1
 // go test -run 'TestPrivilegedScale$' -v ./internal/dataplane/nftables/`).
 // The nft CLI wants the protocol before a port mapping, so it lists these
-// rules but cannot parse them back (nor the affinity lookups, below).
+// rules but cannot parse them back (nor the affinity lookups).
 func (r *renderer) dnat(c *portCtx, ep *model.Endpoint) rule {
 	if k, ok := c.affinity[ep.AddrPort()]; ok {
 		return rule{r.affinityUpdate(c, k, false), dnatTo{to: ep.AddrPort()}}
