@@ -33,9 +33,7 @@ func defaultInputs(o *config.Options, nodeName string, notify func()) (Inputs, e
 		return Inputs{Source: src, Tracker: tr, ObserveChanges: obs.set}, nil
 	}
 	cfg := o.Config
-	if o.FeatureGate != nil {
-		api.UseFeatureGates(o.FeatureGate) // client-go's gates follow --feature-gates, as upstream's
-	}
+	api.UseFeatureGates(o.FeatureGate, cfg.FeatureGates) // client-go's gates follow --feature-gates, as upstream's
 	client, err := api.NewClient(cfg.ClientConnection, o.Master, logger)
 	if err != nil {
 		return Inputs{}, fmt.Errorf("connecting to the API server: %w", err)

@@ -15,14 +15,16 @@ import (
 )
 
 // TestControlPlaneWatchList checks how the shared API server answers the
-// initial list of an informer, and that kproxy's informers take that path:
-// against etcd 3.6 (the default) the API server serves watch-list, so
-// kproxy's Services and EndpointSlices arrive as watch events and kproxy
-// sends no LIST; against Debian's etcd 3.4.23 (KPROXY_ETCD=debian) it
-// refuses watch-list and kproxy lists. kproxy runs with --dry-run in the
-// root namespace: it reads the API and prints its rules, touching no kernel
-// state. Then again with --feature-gates WatchListClient=false, which makes
-// kproxy (as upstream) LIST whatever the server offers.
+// initial list of an informer, and which path kproxy's informers take: by
+// default they LIST (kproxy streams the Services and EndpointSlices lists
+// item by item, faster than a watch-list; source/api/features.go), and with
+// --feature-gates WatchListClient=true, against etcd 3.6 (the default) whose
+// API server serves watch-list, kproxy's Services and EndpointSlices arrive
+// as watch events and it sends no LIST; against Debian's etcd 3.4.23
+// (KPROXY_ETCD=debian) the server refuses watch-list and kproxy lists.
+// WatchListClient=false lists whatever the server offers. kproxy runs with
+// --dry-run in the root namespace: it reads the API and prints its rules,
+// touching no kernel state.
 func TestControlPlaneWatchList(t *testing.T) {
 	cp := sharedControlPlane(t)
 	ctx := context.Background()
@@ -47,8 +49,8 @@ func TestControlPlaneWatchList(t *testing.T) {
 		flags         []string
 		wantWatchList bool
 	}{
-		{nil, want},
-		// As upstream: client-go's gates follow --feature-gates.
+		{nil, false},
+		{[]string{"--feature-gates", "WatchListClient=true"}, want},
 		{[]string{"--feature-gates", "WatchListClient=false"}, false},
 	} {
 		before := initialListCounts(t, cp)

@@ -136,9 +136,9 @@ func (c *Client) ListWatch(kind source.Kind, tweak func(*metav1.ListOptions)) ca
 	var l listWatch
 	switch kind {
 	case source.Services:
-		l = listWatch{rc: c.core, resource: "services"}
+		l = listWatch{rc: c.core, resource: "services", items: decodeService}
 	case source.EndpointSlices:
-		l = listWatch{rc: c.discovery, resource: "endpointslices"}
+		l = listWatch{rc: c.discovery, resource: "endpointslices", items: decodeSlice}
 	case source.Nodes:
 		l = listWatch{rc: c.core, resource: "nodes"}
 	case source.ServiceCIDRs:

@@ -42,20 +42,30 @@ func TestUseFeatureGates(t *testing.T) {
 		}
 	}
 
-	off, err := config.FeatureGateFor(&kpv1alpha1.KubeProxyConfiguration{FeatureGates: map[string]bool{"WatchListClient": false}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	before := clientfeatures.FeatureGates()
 	t.Cleanup(func() { clientfeatures.ReplaceFeatureGates(before) })
-	UseFeatureGates(off)
-	if clientfeatures.FeatureGates().Enabled(clientfeatures.WatchListClient) {
-		t.Error("WatchListClient=false did not reach client-go")
+	for _, tc := range []struct {
+		set           map[string]bool
+		wantWatchList bool
+	}{
+		{nil, false}, // kproxy lists unless the watch-list is asked for
+		{map[string]bool{"WatchListClient": false}, false},
+		{map[string]bool{"WatchListClient": true}, true},
+		{map[string]bool{"InOrderInformers": true}, false},
+	} {
+		gates, err := config.FeatureGateFor(&kpv1alpha1.KubeProxyConfiguration{FeatureGates: tc.set})
+		if err != nil {
+			t.Fatal(err)
+		}
+		UseFeatureGates(gates, tc.set)
+		if got := clientfeatures.FeatureGates().Enabled(clientfeatures.WatchListClient); got != tc.wantWatchList {
+			t.Errorf("%v: client-go's WatchListClient = %v, want %v", tc.set, got, tc.wantWatchList)
+		}
+		if !clientfeatures.FeatureGates().Enabled(clientfeatures.InOrderInformers) {
+			t.Errorf("%v: InOrderInformers (default on) reads as off", tc.set)
+		}
 	}
-	if !clientfeatures.FeatureGates().Enabled(clientfeatures.InOrderInformers) {
-		t.Error("InOrderInformers (default on) reads as off")
-	}
-	g := clientGates{gates: off, known: map[featuregate.Feature]bool{}, fallback: before}
+	g := clientGates{gates: defaults, known: map[featuregate.Feature]bool{}, watchListNamed: true, fallback: before}
 	if !g.Enabled(clientfeatures.WatchListClient) {
 		t.Error("a gate kproxy does not know should keep client-go's default (on)")
 	}

@@ -1,7 +1,11 @@
 package api
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"fmt"
+	"io"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -10,19 +14,42 @@ import (
 	"k8s.io/client-go/rest"
 )
 
-// listWatch lists and watches one resource of rc's API group as client-go's
-// typed clients do: a list decodes the whole response into the typed list,
-// and the informer's transform slims each item before it is cached. Against
-// an API server that serves watch-list (kube-apiserver v1.34+ in front of
-// etcd 3.4.31+ or 3.5.13+) client-go's reflector never calls list: the
-// initial objects arrive as watch events.
+// listWatch lists and watches one resource of rc's API group. With an item
+// decoder (Services and EndpointSlices) a protobuf list response is decoded
+// item by item and each item slimmed at once (stream.go); any other response
+// (JSON, or a kind without a decoder: the Node, the ServiceCIDRs) is decoded
+// whole, as client-go's typed clients do, and the informer's transform slims
+// it. Whether the informers list at all is client-go's WatchListClient gate
+// (features.go): with it on, against an API server that serves watch-list,
+// the initial objects arrive as watch events and list is not called.
 type listWatch struct {
 	rc       rest.Interface
 	resource string
+	items    itemDecoder
 }
 
 func (l listWatch) list(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-	return l.request(&opts).Do(ctx).Get()
+	if l.items == nil {
+		return l.request(&opts).Do(ctx).Get()
+	}
+	body, err := l.request(&opts).Stream(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer body.Close()
+	r := bufio.NewReaderSize(body, 64<<10)
+	if head, err := r.Peek(len(protoMagic)); err == nil && bytes.Equal(head, protoMagic) {
+		out, err := decodeProtoList(r, l.items)
+		if err != nil {
+			return nil, fmt.Errorf("decoding the %s list: %w", l.resource, err)
+		}
+		return out, nil
+	}
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, fmt.Errorf("reading the %s list: %w", l.resource, err)
+	}
+	return runtime.Decode(apiCodecs.UniversalDeserializer(), data)
 }
 
 func (l listWatch) watch(ctx context.Context, opts metav1.ListOptions) (apiwatch.Interface, error) {
