@@ -17,10 +17,12 @@ import (
 // One default differs from upstream's: the informers LIST unless
 // WatchListClient is named and true. A Service or EndpointSlice list is
 // streamed and slimmed item by item (stream.go), which bounds kproxy's
-// memory as a watch-list does and takes the initial objects in about half
-// the time: at 10k Services x 10 endpoints the inputs were synced in 0.50 s
-// listing against 1.10 s by watch-list, the API server's own LIST taking
-// 0.44-0.48 s (docs/performance.md, "Lists instead of watch-lists").
+// memory as a watch-list does and takes the initial objects in a third to
+// a half of a watch-list's time: at 10k Services x 10 endpoints the inputs
+// were synced in 0.38 s against 1.10 s, at 10k x 100 in 1.2-1.4 s against
+// 1.8-2.1 s, each about the API server's own LIST (`make bench-scale
+// SERVICES=10000 ENDPOINTS=10 MODE=nftables PROXY=kproxy`, its inputs_s and
+// bare_list_s; docs/performance.md, "Lists instead of watch-lists").
 // `--feature-gates WatchListClient=true` asks for the watch-list again.
 func UseFeatureGates(gates featuregate.FeatureGate, set map[string]bool) {
 	known := map[featuregate.Feature]bool{}
