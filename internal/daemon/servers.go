@@ -11,6 +11,7 @@ import (
 	"github.com/kproxy/kproxy/internal/health"
 	"github.com/kproxy/kproxy/internal/metrics"
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/source/api"
 )
 
 // ServerParams is what the healthz and metrics servers are built from; it is
@@ -38,7 +39,7 @@ type ServerParams struct {
 func defaultServers(p ServerParams) ([]Server, []Observer, error) {
 	cfg := p.Options.Config
 	reg := metrics.NewRegistry()
-	m, err := metrics.New(reg, metrics.Options{Mode: p.Mode, FeatureGate: p.Options.FeatureGate,
+	m, err := metrics.New(reg, metrics.Options{Mode: p.Mode, FeatureGate: api.EffectiveGates(p.Options.FeatureGate, cfg.FeatureGates),
 		ServiceTraffic: p.ServiceTraffic, Relays: p.Relays, Logger: klog.Background().WithName("metrics")})
 	if err != nil {
 		return nil, nil, fmt.Errorf("registering metrics: %w", err)

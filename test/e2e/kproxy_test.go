@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -336,6 +337,9 @@ func testSurvivesRestart(t *testing.T, c *cluster, f family) {
 	waitForPods(t, c.exited, node.Netns, tcpTo(vip, 80), after...)
 }
 
+// listingGate is the metric line of a WatchListClient gate that is off.
+var listingGate = regexp.MustCompile(`(?m)^kubernetes_feature_enabled\{name="WatchListClient",stage="[A-Z]*"\} 0$`)
+
 // testHealthAndMetrics: /healthz and /livez answer 200 on every node's
 // healthz address (from the client), and /metrics on 127.0.0.1:10249 inside
 // the node has upstream's sync metrics.
@@ -376,6 +380,12 @@ func testHealthAndMetrics(t *testing.T, c *cluster) {
 				if !strings.Contains(body, w) {
 					return fmt.Errorf("no %s", w)
 				}
+			}
+			// kproxy's informers LIST unless WatchListClient is named
+			// (internal/source), and its gate metric says so; upstream's
+			// says 1, its default.
+			if !isUpstream() && !listingGate.MatchString(body) {
+				return fmt.Errorf("no %s", listingGate)
 			}
 			return nil
 		}, "GET /metrics in %s", n.Spec.Name)

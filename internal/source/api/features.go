@@ -56,3 +56,31 @@ func (g clientGates) Enabled(f clientfeatures.Feature) bool {
 	}
 	return g.fallback.Enabled(f)
 }
+
+// EffectiveGates is gates as this process uses them: WatchListClient reads
+// false unless set names it (UseFeatureGates), every other gate as gates
+// has it. The metrics publish it, so that kubernetes_feature_enabled says
+// whether kproxy's informers ask for watch-lists.
+func EffectiveGates(gates featuregate.FeatureGate, set map[string]bool) featuregate.FeatureGate {
+	if _, named := set[string(clientfeatures.WatchListClient)]; named || gates == nil {
+		return gates
+	}
+	return listingGates{gates}
+}
+
+// listingGates is a gate whose WatchListClient is off.
+type listingGates struct{ featuregate.FeatureGate }
+
+func (g listingGates) Enabled(f featuregate.Feature) bool {
+	return f != featuregate.Feature(clientfeatures.WatchListClient) && g.FeatureGate.Enabled(f)
+}
+
+// GetAll lists the wrapped gate's features (the metrics' list of series).
+func (g listingGates) GetAll() map[featuregate.Feature]featuregate.FeatureSpec {
+	if all, ok := g.FeatureGate.(interface {
+		GetAll() map[featuregate.Feature]featuregate.FeatureSpec
+	}); ok {
+		return all.GetAll()
+	}
+	return nil
+}

@@ -64,6 +64,17 @@ func TestUseFeatureGates(t *testing.T) {
 		if !clientfeatures.FeatureGates().Enabled(clientfeatures.InOrderInformers) {
 			t.Errorf("%v: InOrderInformers (default on) reads as off", tc.set)
 		}
+		// The metrics' view says what client-go does, and lists every gate.
+		eff := EffectiveGates(gates, tc.set)
+		if got := eff.Enabled(featuregate.Feature(clientfeatures.WatchListClient)); got != tc.wantWatchList {
+			t.Errorf("%v: the published WatchListClient = %v, want %v", tc.set, got, tc.wantWatchList)
+		}
+		if !eff.Enabled(featuregate.Feature(clientfeatures.InOrderInformers)) {
+			t.Errorf("%v: the published InOrderInformers (default on) reads as off", tc.set)
+		}
+		if !contains(eff, featuregate.Feature(clientfeatures.WatchListClient)) {
+			t.Errorf("%v: the published gates do not list WatchListClient", tc.set)
+		}
 	}
 	g := clientGates{gates: defaults, known: map[featuregate.Feature]bool{}, watchListNamed: true, fallback: before}
 	if !g.Enabled(clientfeatures.WatchListClient) {
