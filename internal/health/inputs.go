@@ -1,7 +1,6 @@
 package health
 
 import (
-	"net/netip"
 	"slices"
 
 	"github.com/kproxy/kproxy/internal/model"
@@ -13,9 +12,13 @@ import (
 //   - ports: each Service with a health-check node port (the model sets it
 //     for LoadBalancer Services with externalTrafficPolicy=Local);
 //   - localReady: per Service with a health-check node port (the only
-//     ones answered for), the number of distinct IPs of ready endpoints on
-//     this node, over all its ports (an endpoint serving
-//     several ports counts once; terminating ones do not count).
+//     ones answered for), the model's LocalReadyEndpoints: the distinct IPs
+//     of ready endpoints on this node over every port of the Service's
+//     slices, those of a slice port no Service port names included (an
+//     endpoint serving several ports counts once; terminating ones do not
+//     count). Upstream counts over its whole endpoints map, which holds
+//     every slice port, so a slice whose port names no longer match the
+//     Service's (a rename in progress, mirrored Endpoints) still counts.
 //
 // A nil snapshot yields empty maps.
 func ServiceInputs(fs *model.FamilySnapshot) (ports map[objects.Key]uint16, localReady map[objects.Key]int) {
@@ -24,24 +27,14 @@ func ServiceInputs(fs *model.FamilySnapshot) (ports map[objects.Key]uint16, loca
 	if fs == nil {
 		return ports, localReady
 	}
-	ips := map[objects.Key]map[netip.Addr]struct{}{}
 	// Only Services with a health-check port are answered for; the model
 	// keeps them apart, so a sync at 10k Services does not walk the others.
 	for _, p := range fs.HealthChecked() {
 		key := p.ID.Service()
 		ports[key] = p.HealthCheckNodePort
-		for _, ep := range p.Endpoints {
-			if !ep.IsLocal || !ep.Ready {
-				continue
-			}
-			if ips[key] == nil {
-				ips[key] = map[netip.Addr]struct{}{}
-			}
-			ips[key][ep.IP] = struct{}{}
+		if p.LocalReadyEndpoints > 0 {
+			localReady[key] = p.LocalReadyEndpoints
 		}
-	}
-	for key, set := range ips {
-		localReady[key] = len(set)
 	}
 	return ports, localReady
 }

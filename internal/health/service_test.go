@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -330,29 +331,74 @@ func TestServiceHealthNoAddressNoListener(t *testing.T) {
 	}
 }
 
+// lbLocal is a LoadBalancer Service with externalTrafficPolicy Local and
+// the given ports (name/TCP/number).
+func lbLocal(name string, hc int32, ports ...string) *objects.Service {
+	svc := &objects.Service{Namespace: "ns", Name: name, Type: objects.ServiceTypeLB, ClusterIPs: []string{"198.19.0.10"},
+		ExternalTrafficPolicy: "Local", HealthCheckNodePort: hc}
+	if hc == 0 {
+		svc.Type, svc.ExternalTrafficPolicy = objects.ServiceTypeClusterIP, ""
+	}
+	for i, p := range ports {
+		svc.Ports = append(svc.Ports, objects.ServicePort{Name: p, Protocol: "TCP", Port: int32(80 + i)})
+	}
+	return svc
+}
+
+// slice is an IPv4 EndpointSlice of Service svc with one TCP port and
+// endpoints "ip@node", ready unless the address ends in "!".
+func slice(svc, name, port string, eps ...string) *objects.EndpointSlice {
+	s := &objects.EndpointSlice{Namespace: "ns", Name: name, ServiceName: svc, AddressType: "IPv4",
+		Ports: []objects.EndpointPort{{Name: port, Protocol: "TCP", Port: 8080}}}
+	for _, e := range eps {
+		addr, node, _ := strings.Cut(e, "@")
+		ready := !strings.HasSuffix(node, "!")
+		node = strings.TrimSuffix(node, "!")
+		cond := objects.CondFalse
+		if ready {
+			cond = objects.CondTrue
+		}
+		s.Endpoints = append(s.Endpoints, objects.Endpoint{Addr: netip.MustParseAddr(addr), HasAddress: true,
+			Node: objects.OnNode(node), Ready: cond, Serving: cond})
+	}
+	return s
+}
+
 func ep(ip string, local, ready bool) *model.Endpoint {
 	return &model.Endpoint{IP: netip.MustParseAddr(ip), Port: 80, IsLocal: local, Ready: ready, Serving: ready}
 }
 
 func TestServiceInputs(t *testing.T) {
-	fs := model.NewFamilySnapshot(model.IPv4, []*model.ServicePort{
-		{ID: model.PortID{Namespace: "ns", Name: "a", Port: "http"}, HealthCheckNodePort: 30001,
-			Endpoints: []*model.Endpoint{ep("198.18.0.1", true, true), ep("198.18.0.2", true, false), ep("198.18.0.3", false, true)}},
-		{ID: model.PortID{Namespace: "ns", Name: "a", Port: "https"}, HealthCheckNodePort: 30001,
-			Endpoints: []*model.Endpoint{ep("198.18.0.1", true, true), ep("198.18.0.4", true, true)}},
-		{ID: model.PortID{Namespace: "ns", Name: "b"},
-			Endpoints: []*model.Endpoint{ep("198.18.0.5", true, true)}},
-		{ID: model.PortID{Namespace: "ns", Name: "c"}, HealthCheckNodePort: 30003,
-			Endpoints: []*model.Endpoint{ep("198.18.0.6", false, true)}},
+	a, b, c, d := objects.Key{Namespace: "ns", Name: "a"}, objects.Key{Namespace: "ns", Name: "b"},
+		objects.Key{Namespace: "ns", Name: "c"}, objects.Key{Namespace: "ns", Name: "d"}
+	snap, _ := model.Build(model.Input{
+		NodeName: "node1",
+		Services: map[objects.Key]*objects.Service{
+			a: lbLocal("a", 30001, "http", "https"),
+			b: lbLocal("b", 0, "http"),
+			c: lbLocal("c", 30003, "http"),
+			d: lbLocal("d", 30004, "http"),
+		},
+		Slices: map[objects.Key][]*objects.EndpointSlice{
+			// Counted once per IP over both ports; not ready and other
+			// nodes' endpoints are not counted.
+			a: {slice("a", "a-1", "http", "198.18.0.1@node1", "198.18.0.2@node1!", "198.18.0.3@node2"),
+				slice("a", "a-2", "https", "198.18.0.1@node1", "198.18.0.4@node1")},
+			// No health-check port: nobody asks for its count.
+			b: {slice("b", "b-1", "http", "198.18.0.5@node1")},
+			c: {slice("c", "c-1", "http", "198.18.0.6@node2")},
+			// A slice port no Service port names counts, as upstream's
+			// count over its whole endpoints map does.
+			d: {slice("d", "d-1", "metrics", "198.18.0.7@node1", "198.18.0.8@node1")},
+		},
 	})
-	ports, ready := ServiceInputs(fs)
-	wantPorts := map[objects.Key]uint16{svcA: 30001, {Namespace: "ns", Name: "c"}: 30003}
+	ports, ready := ServiceInputs(snap.V4)
+	wantPorts := map[objects.Key]uint16{a: 30001, c: 30003, d: 30004}
 	if !mapsEqual(ports, wantPorts) {
 		t.Errorf("ports %v, want %v", ports, wantPorts)
 	}
-	// ns/b has no health-check port: nobody asks for its count.
-	wantReady := map[objects.Key]int{svcA: 2}
-	if len(ready) != len(wantReady) || ready[svcA] != 2 {
+	wantReady := map[objects.Key]int{a: 2, d: 2}
+	if len(ready) != len(wantReady) || ready[a] != 2 || ready[d] != 2 {
 		t.Errorf("ready %v, want %v", ready, wantReady)
 	}
 	if p, r := ServiceInputs(nil); len(p) != 0 || len(r) != 0 {
@@ -365,7 +411,7 @@ func TestServiceHealthSyncSnapshot(t *testing.T) {
 	s := newTestServiceServer(t, n, nil)
 	fs := model.NewFamilySnapshot(model.IPv4, []*model.ServicePort{
 		{ID: model.PortID{Namespace: "ns", Name: "a"}, HealthCheckNodePort: 30001,
-			Endpoints: []*model.Endpoint{ep("198.18.0.1", true, true)}},
+			Endpoints: []*model.Endpoint{ep("198.18.0.1", true, true)}, LocalReadyEndpoints: 1},
 	})
 	if err := s.SyncSnapshot(fs); err != nil {
 		t.Fatal(err)
@@ -384,7 +430,7 @@ func TestServiceHealthSyncSnapshotUnchanged(t *testing.T) {
 	n.fail["0.0.0.0:30002"] = errors.New("address in use")
 	s := newTestServiceServer(t, n, nil)
 	a := &model.ServicePort{ID: model.PortID{Namespace: "ns", Name: "a"}, HealthCheckNodePort: 30001,
-		Endpoints: []*model.Endpoint{ep("198.18.0.1", true, true)}}
+		Endpoints: []*model.Endpoint{ep("198.18.0.1", true, true)}, LocalReadyEndpoints: 1}
 	b := &model.ServicePort{ID: model.PortID{Namespace: "ns", Name: "b"}, HealthCheckNodePort: 30002}
 	fs := model.NewFamilySnapshot(model.IPv4, []*model.ServicePort{a, b})
 	if err := s.SyncSnapshot(fs); err == nil {
@@ -407,6 +453,7 @@ func TestServiceHealthSyncSnapshotUnchanged(t *testing.T) {
 	}
 	a2 := *a
 	a2.Endpoints = append(slices.Clone(a.Endpoints), ep("198.18.0.2", true, true))
+	a2.LocalReadyEndpoints = 2
 	if err := s.SyncSnapshot(model.NewFamilySnapshot(model.IPv4, []*model.ServicePort{&a2, b})); err != nil {
 		t.Fatal(err)
 	}

@@ -9,9 +9,11 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/kproxy/kproxy/internal/explain"
+	"github.com/kproxy/kproxy/test/testbed/controlplane"
 	"github.com/kproxy/kproxy/test/testbed/netbed"
 	"github.com/kproxy/kproxy/test/testbed/netbed/echo"
 )
@@ -72,6 +74,7 @@ func testExternalTrafficPolicyLocal(t *testing.T, b *fbed, f family) {
 		}
 	}
 	b.checkHealthCheckNodePort(t, svc, f, map[*netbed.Node]int{n1: len(local), n2: 0})
+	b.checkHealthCountsOtherPorts(t, svc, f, n1, n2, len(local))
 	if b.mode == "ipvs" {
 		// Upstream's IPVS mode: the external virtual servers of node2 have
 		// node2's endpoints, none, and IPVS answers a virtual server
@@ -98,6 +101,28 @@ func testExternalTrafficPolicyLocal(t *testing.T, b *fbed, f family) {
 	b.explainAgrees(t, n2, podIP(pod, f), req(echo.ProtoTCP, nodeAddr(n2, f), np), got)
 	got = waitForPods(t, b.exited, pod.Netns, req(echo.ProtoTCP, lb, 80), local...)
 	t.Logf("tcp pod %s -> LB %s:80: %s", pod.PodName, lb, got)
+}
+
+// checkHealthCountsOtherPorts: a slice whose port no Service port names
+// (a port rename in progress, mirrored Endpoints) with a ready endpoint on
+// n2 makes n2's health-check node port answer 200 with one local endpoint,
+// as upstream counts local ready endpoints over every slice port; the
+// endpoint carries no traffic. Its removal brings back the 503.
+func (b *fbed) checkHealthCountsOtherPorts(t *testing.T, svc *v1.Service, f family, n1, n2 *netbed.Node, local int) {
+	t.Helper()
+	name := svc.Name + "-other-" + f.name
+	ports := []discoveryv1.EndpointPort{controlplane.EndpointPort("metrics", v1.ProtocolTCP, echoPort)}
+	slice := controlplane.NewEndpointSlice(b.api.ns, svc.Name, name, sliceAddressType(f), ports,
+		endpointOf(b.api.ns, ep{pod: b.podsOn("node2")[0]}, f))
+	if _, err := b.api.cp.ApplyEndpointSlice(context.Background(), slice); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.api.cp.DeleteEndpointSlice(context.Background(), b.api.ns, name) })
+	b.checkHealthCheckNodePort(t, svc, f, map[*netbed.Node]int{n1: local, n2: 1})
+	if err := b.api.cp.DeleteEndpointSlice(context.Background(), b.api.ns, name); err != nil {
+		t.Fatal(err)
+	}
+	b.checkHealthCheckNodePort(t, svc, f, map[*netbed.Node]int{n1: local, n2: 0})
 }
 
 // checkHealthCheckNodePort GETs the Service's health-check node port on
