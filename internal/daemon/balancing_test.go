@@ -5,6 +5,9 @@ import (
 	"strings"
 	"testing"
 
+	kpv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
+
+	"github.com/kproxy/kproxy/internal/config"
 	"github.com/kproxy/kproxy/internal/model"
 	"github.com/kproxy/kproxy/internal/objects"
 )
@@ -69,5 +72,31 @@ func TestProblemEvents(t *testing.T) {
 	}
 	if e := ev.got[0]; e.key != "ns/web" || e.uid != "u-1" || e.reason != model.ReasonUnsupportedBalancing || !strings.Contains(e.message, "source-hash is not supported in iptables mode; using random") {
 		t.Errorf("event %+v", e)
+	}
+}
+
+// TestExternalIPsAllowed: upstream's AllowServiceExternalIPs gate, on by
+// default, turns the model's IgnoreExternalIPs on when set to false.
+func TestExternalIPsAllowed(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		gates map[string]bool
+		want  bool
+	}{
+		{"default", nil, true},
+		{"named true", map[string]bool{"AllowServiceExternalIPs": true}, true},
+		{"named false", map[string]bool{"AllowServiceExternalIPs": false}, false},
+		{"another gate", map[string]bool{"AllAlpha": false}, true},
+	} {
+		g, err := config.FeatureGateFor(&kpv1alpha1.KubeProxyConfiguration{FeatureGates: tc.gates})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if got := externalIPsAllowed(g); got != tc.want {
+			t.Errorf("%s: externalIPsAllowed = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if !externalIPsAllowed(nil) {
+		t.Error("a nil gate must allow external IPs")
 	}
 }

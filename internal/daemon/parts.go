@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync/atomic"
 
+	"k8s.io/component-base/featuregate"
 	"k8s.io/klog/v2"
 
 	"github.com/kproxy/kproxy/internal/config"
@@ -42,6 +43,9 @@ type daemon struct {
 	// balancing is the mode's load-balancing default and support, given
 	// to every model update.
 	balancing model.BalancingOptions
+	// noExtIPs is --feature-gates AllowServiceExternalIPs=false: the
+	// model leaves Services' spec.externalIPs out, as upstream does.
+	noExtIPs bool
 
 	// Owned by the runner goroutine.
 	prev     *model.Snapshot
@@ -72,7 +76,8 @@ func newDaemon(o *config.Options, e env) (*daemon, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &daemon{o: o, env: e, mode: mode, nodeName: name, balancing: lb, cleaner: conntrack.NewCleaner(e.conntrack), errc: make(chan error, 1)}
+	d := &daemon{o: o, env: e, mode: mode, nodeName: name, balancing: lb, noExtIPs: !externalIPsAllowed(o.FeatureGate),
+		cleaner: conntrack.NewCleaner(e.conntrack), errc: make(chan error, 1)}
 	// The runner exists before the sources, which may notify at once.
 	if d.runner, err = runner.New(d.runnerConfig(), d.sync); err != nil {
 		return nil, err
@@ -208,4 +213,25 @@ func familyNames(fams []model.Family) []string {
 		out[i] = f.String()
 	}
 	return out
+}
+
+// allowServiceExternalIPs is upstream's gate (GA, on by default, not
+// locked) that, turned off, stops every proxy mode from proxying Services'
+// spec.externalIPs.
+const allowServiceExternalIPs featuregate.Feature = "AllowServiceExternalIPs"
+
+// externalIPsAllowed reads allowServiceExternalIPs from g; a nil gate, or
+// one that does not know the feature, allows them.
+func externalIPsAllowed(g featuregate.FeatureGate) bool {
+	if g == nil {
+		return true
+	}
+	if all, ok := g.(interface {
+		GetAll() map[featuregate.Feature]featuregate.FeatureSpec
+	}); ok {
+		if _, known := all.GetAll()[allowServiceExternalIPs]; !known {
+			return true
+		}
+	}
+	return g.Enabled(allowServiceExternalIPs)
 }

@@ -46,6 +46,9 @@ func (d *daemon) serve(ctx context.Context) error {
 		}
 	}
 	klog.FromContext(ctx).Info("kproxy running", "mode", d.mode, "node", d.nodeName)
+	if d.noExtIPs {
+		klog.FromContext(ctx).Info("Services' externalIPs are not proxied (feature gate AllowServiceExternalIPs=false)")
+	}
 
 	select {
 	case <-ctx.Done():
@@ -239,6 +242,7 @@ func (d *daemon) dryRun(ctx context.Context) error {
 func (d *daemon) takeSnapshot(ctx context.Context) *model.Snapshot {
 	b := d.inputs.Tracker.Take()
 	b.Input.Balancing = d.balancing
+	b.Input.IgnoreExternalIPs = d.noExtIPs
 	snap, problems := buildSnapshot(b)
 	d.problems.log(ctx, problems)
 	d.inputs.Tracker.Done(b, false)

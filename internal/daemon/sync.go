@@ -21,6 +21,7 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 	start := d.env.clock.Now()
 	b := d.inputs.Tracker.Take()
 	b.Input.Balancing = d.balancing
+	b.Input.IgnoreExternalIPs = d.noExtIPs
 	snap, problems := model.Update(d.prev, b.Input, b.Changed)
 	d.problems.log(ctx, problems)
 	if b.NodeChanged && d.prev != nil {

@@ -29,6 +29,11 @@ type Input struct {
 	// Balancing is the proxy mode's load-balancing default and support.
 	// A change rebuilds every port.
 	Balancing BalancingOptions
+	// IgnoreExternalIPs is upstream's AllowServiceExternalIPs=false: no
+	// port gets spec.externalIPs as frontends. A port they would make
+	// externally accessible stays so (ServicePort.ExternallyAccessible), as
+	// upstream reads the field itself there. A change rebuilds every port.
+	IgnoreExternalIPs bool
 	// Partial means Services and Slices hold only the Services an Update
 	// names as changed (all others are unchanged since the previous
 	// snapshot). Build cannot use such an input; Update can, as long as the
@@ -54,6 +59,7 @@ func Build(in Input) (*Snapshot, []Problem) {
 		svcProblems:  svcProbs,
 		cidrs:        cidrs,
 		balancing:    in.Balancing,
+		noExtIPs:     in.IgnoreExternalIPs,
 		gen:          snapshotGen.Add(1),
 	}
 	return s, s.Problems()
@@ -89,7 +95,7 @@ func buildParts(node NodeInfo, in Input, keys []objects.Key, n int) (v4, v6 []*S
 	for i := range parts {
 		run := keys[i*len(keys)/n : (i+1)*len(keys)/n]
 		wg.Go(func() {
-			b := newBuilder(node, in.Balancing)
+			b := newBuilder(node, in)
 			p := part{v4: make([]*ServicePort, 0, len(run))}
 			for _, k := range run {
 				b.service(k, in.Services[k], in.Slices[k], &p.v4, &p.v6)
@@ -136,10 +142,11 @@ func Update(prev *Snapshot, in Input, changed map[objects.Key]struct{}) (*Snapsh
 		node, nodeProbs = makeNodeInfo(in.NodeName, in.Node)
 		probs = append(probs, nodeProbs...)
 	}
-	if node.Name != prev.Node.Name || node.Zone != prev.Node.Zone || !in.Balancing.equal(prev.balancing) {
+	if node.Name != prev.Node.Name || node.Zone != prev.Node.Zone || !in.Balancing.equal(prev.balancing) ||
+		in.IgnoreExternalIPs != prev.noExtIPs {
 		return Build(in)
 	}
-	b := newBuilder(node, in.Balancing)
+	b := newBuilder(node, in)
 	b.svcProblems = prev.svcProblems
 	cidrs, parsed := updateServiceCIDRs(prev.cidrs, in.ServiceCIDRs)
 	if parsed {
@@ -160,6 +167,7 @@ func Update(prev *Snapshot, in Input, changed map[objects.Key]struct{}) (*Snapsh
 		svcProblems:  b.svcProblems,
 		cidrs:        cidrs,
 		balancing:    in.Balancing,
+		noExtIPs:     in.IgnoreExternalIPs,
 		gen:          snapshotGen.Add(1),
 		parent:       prev.gen,
 		changed:      keys,
@@ -182,14 +190,15 @@ func (s *Snapshot) Problems() []Problem {
 type builder struct {
 	node      NodeInfo
 	balancing BalancingOptions
+	noExtIPs  bool // Input.IgnoreExternalIPs
 	reader    endpointReader
 	// svcProblems is copied before its first change (it may be prev's).
 	svcProblems map[objects.Key][]Problem
 	copied      bool
 }
 
-func newBuilder(node NodeInfo, lb BalancingOptions) *builder {
-	return &builder{node: node, balancing: lb, reader: endpointReader{node: objects.OnNode(node.Name)}}
+func newBuilder(node NodeInfo, in Input) *builder {
+	return &builder{node: node, balancing: in.Balancing, noExtIPs: in.IgnoreExternalIPs, reader: endpointReader{node: objects.OnNode(node.Name)}}
 }
 
 // service appends the ports of the Service key, in each family, sorted by
@@ -211,6 +220,9 @@ func (b *builder) addPorts(key objects.Key, svc *objects.Service, sl []*objects.
 		return
 	}
 	info := parseService(svc, b.balancing, probs)
+	if info != nil && b.noExtIPs {
+		info.ignoreExternalIPs()
+	}
 	if info == nil || len(info.ports) == 0 {
 		return
 	}

@@ -31,16 +31,19 @@ var families = [2]Family{IPv4, IPv6}
 
 // svcInfo is what the ports of one Service share, parsed and split by family.
 type svcInfo struct {
-	clusterIP    [2]netip.Addr // invalid when the Service has none of that family
-	externalIPs  [2][]netip.Addr
-	lbIPs        [2][]netip.Addr
-	sourceRanges [2][]netip.Prefix
-	affinity     int32
-	epl, ipl     bool
-	hcPort       uint16
-	scheduler    string
-	balancing    Balancing
-	ports        []portSpec // valid, unique, sorted by name and protocol
+	clusterIP   [2]netip.Addr // invalid when the Service has none of that family
+	externalIPs [2][]netip.Addr
+	// extIPsIgnored marks the families whose externalIPs were dropped
+	// (ignoreExternalIPs).
+	extIPsIgnored [2]bool
+	lbIPs         [2][]netip.Addr
+	sourceRanges  [2][]netip.Prefix
+	affinity      int32
+	epl, ipl      bool
+	hcPort        uint16
+	scheduler     string
+	balancing     Balancing
+	ports         []portSpec // valid, unique, sorted by name and protocol
 }
 
 // portSpec is one valid entry of spec.ports.
@@ -95,6 +98,16 @@ func parseService(svc *objects.Service, lb BalancingOptions, probs *problemList)
 	parseIngress(info, svc.LoadBalancerIngress, probs)
 	parseSourceRanges(info, svc.LoadBalancerSourceRanges, probs)
 	return info
+}
+
+// ignoreExternalIPs drops the external IPs, remembering the families that
+// had some (upstream's AllowServiceExternalIPs=false: no frontends, but the
+// port stays externally accessible).
+func (info *svcInfo) ignoreExternalIPs() {
+	for i, ips := range info.externalIPs {
+		info.extIPsIgnored[i] = len(ips) > 0
+		info.externalIPs[i] = nil
+	}
 }
 
 // parseClusterIPs keeps the first valid cluster IP of each family and reports
@@ -308,5 +321,6 @@ func (info *svcInfo) servicePort(key objects.Key, f Family, ps portSpec) Service
 		HealthCheckNodePort: info.hcPort,
 		Scheduler:           info.scheduler,
 		Balancing:           info.balancing,
+		extIPsIgnored:       info.extIPsIgnored[i],
 	}
 }

@@ -264,3 +264,50 @@ func TestNodeInfo(t *testing.T) {
 		t.Errorf("empty build: %+v", s)
 	}
 }
+
+// TestIgnoreExternalIPs: with upstream's AllowServiceExternalIPs=false no
+// port has external IPs, but a ClusterIP Service with some stays externally
+// accessible (its cluster endpoints are used under internalTrafficPolicy
+// Local, as upstream reads the field there); flipping the option rebuilds
+// every port, and Update then equals Build.
+func TestIgnoreExternalIPs(t *testing.T) {
+	svc := newSvc("web", func(s *objects.Service) {
+		s.ClusterIPs = []string{"198.18.0.10", "fd00::10"}
+		s.ExternalIPs = []string{"198.18.5.1"}
+		s.InternalTrafficPolicy = "Local"
+	})
+	other := newSvc("other", func(s *objects.Service) { s.ClusterIPs = []string{"198.18.0.11"} })
+	in := makeInput(nil, []*objects.Service{svc, other},
+		newSlice("web", "web-v4", "IPv4", httpPort(8080), ep("198.18.1.1")))
+	kept, _ := Build(in)
+	in.IgnoreExternalIPs = true
+	s, probs := Build(in)
+	if len(probs) != 0 {
+		t.Fatalf("problems: %v", probs)
+	}
+	p := s.V4.Port(PortID{Namespace: "ns", Name: "web", Port: "http", Protocol: TCP})
+	switch {
+	case p == nil:
+		t.Fatal("no IPv4 port")
+	case len(p.ExternalIPs) != 0:
+		t.Errorf("external IPs %v, want none", p.ExternalIPs)
+	case !p.ExternallyAccessible() || !p.UsesClusterEndpoints() || epList(p.ClusterEndpoints) != "198.18.1.1:8080":
+		t.Errorf("accessible %v, cluster endpoints %q: want true and the one endpoint", p.ExternallyAccessible(), epList(p.ClusterEndpoints))
+	}
+	if p6 := s.V6.Ports[0]; p6.ExternallyAccessible() {
+		t.Errorf("IPv6 port externally accessible without IPv6 external IPs")
+	}
+	if kp := kept.V4.Port(p.ID); len(kp.ExternalIPs) != 1 || !kp.ExternallyAccessible() {
+		t.Errorf("with the external IPs allowed: %v, accessible %v", kp.ExternalIPs, kp.ExternallyAccessible())
+	}
+	// Update from a snapshot made the other way rebuilds every port.
+	up, _ := Update(kept, in, map[objects.Key]struct{}{})
+	if got := up.V4.Port(p.ID); len(got.ExternalIPs) != 0 || !got.ExternallyAccessible() {
+		t.Errorf("Update after the flip: external IPs %v", got.ExternalIPs)
+	}
+	in.IgnoreExternalIPs = false
+	back, _ := Update(s, in, map[objects.Key]struct{}{})
+	if got := back.V4.Port(p.ID); len(got.ExternalIPs) != 1 {
+		t.Errorf("Update after flipping back: external IPs %v, want one", got.ExternalIPs)
+	}
+}

@@ -106,6 +106,8 @@ type Snapshot struct {
 	cidrs serviceCIDRs
 	// balancing is the Input.Balancing the ports were made with.
 	balancing BalancingOptions
+	// noExtIPs is the Input.IgnoreExternalIPs the ports were made with.
+	noExtIPs bool
 	// gen numbers the snapshot; parent is the gen of the snapshot Update
 	// derived it from (0: built whole) and changed the Services it rebuilt
 	// (sorted). Numbers, not a pointer: a chain of snapshots would keep
@@ -287,12 +289,16 @@ type ServicePort struct {
 	// port of a Service in one family: the number of distinct IPs of ready
 	// endpoints on this node over all ports of the Service's slices.
 	LocalReadyEndpoints int
+	// extIPsIgnored is true when spec.externalIPs of this family were left
+	// out (Input.IgnoreExternalIPs): the port is still externally
+	// accessible by them.
+	extIPsIgnored bool
 }
 
 // ExternallyAccessible reports whether the port has a NodePort, external IPs or
 // load-balancer IPs.
 func (p *ServicePort) ExternallyAccessible() bool {
-	return p.NodePort != 0 || len(p.ExternalIPs) > 0 || len(p.LoadBalancerIPs) > 0
+	return p.NodePort != 0 || len(p.ExternalIPs) > 0 || p.extIPsIgnored || len(p.LoadBalancerIPs) > 0
 }
 
 // UsesClusterEndpoints reports whether any traffic to the port is subject to

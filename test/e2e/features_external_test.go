@@ -26,6 +26,7 @@ const (
 	ipExternalIP
 	ipETPLocal
 	ipTerminating
+	ipNoExternalIP
 )
 
 // nodePortCIDRs is --nodeport-addresses of the NodePortAddresses variant:
@@ -145,6 +146,32 @@ func testExternalIPs(t *testing.T, b *fbed, f family) {
 	}
 	got := waitForPods(t, b.exited, b.pods[0].Netns, req(echo.ProtoTCP, ext, 80), b.pods...)
 	t.Logf("tcp pod %s -> externalIP %s:80: %s", b.pods[0].PodName, ext, got)
+}
+
+// testNoExternalIPs (kproxy started with --feature-gates
+// AllowServiceExternalIPs=false, upstream's gate): a Service's external IP,
+// routed from the client to node2, reaches no pod, while its ClusterIP,
+// from a pod, reaches every endpoint.
+func testNoExternalIPs(t *testing.T, b *fbed, f family) {
+	ext := extIP(f, ipNoExternalIP)
+	svc := b.applyService(t, svcName("noextip", f), v1.ServiceTypeClusterIP, func(s *v1.Service) {
+		s.Spec.ExternalIPs = []string{ext.String()}
+	})
+	b.setSlices(t, svc.Name, nil, readyEPs(b.pods...))
+	routeVia(t, b.bed.Client(), ext, b.node(1), f)
+	vip := clusterIP(t, svc, f.v6)
+	got := waitForPods(t, b.exited, b.pods[0].Netns, req(echo.ProtoTCP, vip, 80), b.pods...)
+	t.Logf("tcp pod %s -> ClusterIP %s:80: %s", b.pods[0].PodName, vip, got)
+	r := req(echo.ProtoTCP, ext, 80)
+	r.Timeout = dropTimeout(f)
+	for range 3 {
+		if res := b.bed.Client().Send(context.Background(), r); res.OK() {
+			t.Errorf("tcp client -> externalIP %s:80 answered with AllowServiceExternalIPs=false: %s", ext, res)
+		} else {
+			t.Logf("tcp client -> externalIP %s:80: %s", ext, res)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // testNodePortAddresses (kproxy started with --nodeport-addresses

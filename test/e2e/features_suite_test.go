@@ -146,6 +146,7 @@ var featureVariants = []struct {
 }{
 	{"NodePortAddresses", []string{"--nodeport-addresses", nodePortCIDRs}, testNodePortAddresses, "", nil, nil},
 	{"MasqueradeAll", []string{"--masquerade-all"}, testMasqueradeAll, "", nil, nil},
+	{"NoExternalIPs", []string{"--feature-gates", "AllowServiceExternalIPs=false"}, testNoExternalIPs, "", nil, nil},
 	{"DetectLocalNodeCIDR", []string{"--detect-local-mode", "NodeCIDR"}, testDetectLocal, "", nil, nil},
 	{"DetectLocalBridgeInterface", []string{"--detect-local-mode", "BridgeInterface", "--pod-bridge-interface", "cbr0"}, testDetectLocal, "", nil, nil},
 	// Pod traffic reaches the IP layer from the pod bridge (br_netfilter hands
