@@ -32,6 +32,9 @@ func (s *ProxyHealthServer) Handler() http.Handler {
 // (then it returns nil), or returns the error that stopped it.
 func (s *ProxyHealthServer) Run(ctx context.Context) error {
 	if s.cfg.Addr == "" {
+		// Disabled (an empty address, e.g. port 0): nothing to serve, but
+		// the daemon runs on, as upstream's does without this server.
+		<-ctx.Done()
 		return nil
 	}
 	l, err := s.cfg.Listen(ctx, "tcp", s.cfg.Addr)

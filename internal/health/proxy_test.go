@@ -273,7 +273,18 @@ func TestProxyHealthRunErrors(t *testing.T) {
 	if err := s.Run(context.Background()); !errors.Is(err, boom) {
 		t.Errorf("Run: %v", err)
 	}
-	if err := NewProxyHealthServer(ProxyConfig{}).Run(context.Background()); err != nil {
+	// Disabled (no address): runs until its context ends, so the daemon
+	// does not see it stop and retry it.
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- NewProxyHealthServer(ProxyConfig{}).Run(ctx) }()
+	select {
+	case err := <-done:
+		t.Fatalf("Run without address returned before cancel: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	cancel()
+	if err := <-done; err != nil {
 		t.Errorf("Run without address: %v", err)
 	}
 }

@@ -121,8 +121,19 @@ func TestServerRunListenError(t *testing.T) {
 	}
 }
 
+// TestServerRunNoAddress: a disabled server (no address) runs until its
+// context ends, so the daemon does not see it stop and retry it.
 func TestServerRunNoAddress(t *testing.T) {
-	if err := NewServer(ServerConfig{}).Run(context.Background()); err != nil {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- NewServer(ServerConfig{}).Run(ctx) }()
+	select {
+	case err := <-done:
+		t.Fatalf("Run without address returned before cancel: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	cancel()
+	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
 }
