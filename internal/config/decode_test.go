@@ -95,14 +95,16 @@ nftables:
   syncPeriod: 20s
 `)
 	o := mustLoad(t, "--config="+path, "--proxy-mode=iptables", "--iptables-sync-period=5s", "--metrics-port=1",
-		"--feature-gates=ContextualLogging=true", "-v=5", "--vmodule=flag=3", "--master=https://198.18.0.1", "--source-file=/s")
+		"--feature-gates=ContextualLogging=true", "-v=5", "--vmodule=flag=3", "--master=https://198.18.0.1", "--source-file=/s",
+		// kproxy's own flags count (the file has no field for them), unwarned.
+		"--debug-bind-address=127.0.0.1:10259", "--load-balancing=round-robin", "--service-traffic-metrics", "--iptables-netlink-writer=false")
 	c := o.Config
 	got := []any{string(c.Mode), c.NFTables.SyncPeriod.Duration, c.MetricsBindAddress, c.FeatureGates["ContextualLogging"],
 		uint32(c.Logging.Verbosity), len(c.Logging.VModule), c.Logging.VModule[0].FilePattern, c.HostnameOverride, o.NodeName,
-		o.Master, o.SourceFile, c.NodePortAddresses}
+		o.Master, o.SourceFile, c.NodePortAddresses, o.DebugBindAddress, o.LoadBalancing, o.ServiceTrafficMetrics, o.NoIPTablesNetlink}
 	want := []any{"nftables", 20 * time.Second, "198.18.0.1:10249", false,
 		uint32(5), 2, "flag", "from-file", "from-file",
-		"https://198.18.0.1", "/s", []string{"primary"}}
+		"https://198.18.0.1", "/s", []string{"primary"}, "127.0.0.1:10259", "round-robin", true, true}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("(-want +got)\n%s", diff)
 	}

@@ -195,4 +195,11 @@ func (l *Loader) addExtensionFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&l.iptablesNetlink, "iptables-netlink-writer", true, "[kproxy] In iptables mode on the nf_tables backend, write rules straight over netlink in iptables-nft's encoding when the installed iptables-nft is a version that writer was proven against and the kernel has every xtables module it uses; false: always iptables-restore.")
 	fs.StringVar(&l.opts.LoadBalancing, "load-balancing", "random", "[kproxy] How Services without the kproxy.io/load-balancing annotation pick an endpoint: "+strings.Join(model.BalancingNames(), ", ")+". Each proxy mode supports some (see the README); random is upstream's behaviour.")
 	fs.BoolVar(&l.opts.ServiceTrafficMetrics, "service-traffic-metrics", false, "[kproxy] Count new connections, packets and bytes per Service port (nftables and iptables modes) and export them on the metrics address as kproxy_service_* metrics.")
+	for _, name := range []string{"source-file", "dry-run", "debug-bind-address", "iptables-netlink-writer", "load-balancing", "service-traffic-metrics"} {
+		_ = fs.SetAnnotation(name, extensionAnnotation, []string{"true"})
+	}
 }
+
+// extensionAnnotation marks kproxy's own flags: the configuration file has
+// no field for them, so they count with --config too.
+const extensionAnnotation = "kproxy.io/extension"

@@ -43,8 +43,9 @@ var commandFlags = map[string]bool{
 // v1.36 does, once the flags bound by AddFlags are parsed:
 //   - with --config, the file (decoded and defaulted) is the configuration;
 //     the other flags are ignored, except the logging flags (which win over
-//     the file), --hostname-override and the command flags. A Warning lists
-//     each ignored flag that was set.
+//     the file), --hostname-override, the command flags and kproxy's own
+//     flags (the file has no field for them). A Warning lists each ignored
+//     flag that was set.
 //   - without --config, the flags over upstream's defaults; the deprecated
 //     --healthz-port/--metrics-port are folded into the bind addresses, and
 //     the --iptables-*/--ipvs-* sync periods and --masquerade-all go to the
@@ -101,7 +102,7 @@ func (l *Loader) loadFile() (*kpv1alpha1.KubeProxyConfiguration, []string, error
 		return nil, nil, err
 	}
 	l.fs.Visit(func(f *pflag.Flag) {
-		if !commandFlags[f.Name] && !ignored[f.Name] {
+		if _, ext := f.Annotations[extensionAnnotation]; !commandFlags[f.Name] && !ignored[f.Name] && !ext {
 			warnings = append(warnings, fmt.Sprintf("flag --%s is ignored because --config is given (as in upstream kube-proxy); set it in the config file", f.Name))
 		}
 	})
