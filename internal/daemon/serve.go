@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"time"
 
@@ -41,8 +40,12 @@ func (d *daemon) serve(ctx context.Context) error {
 	d.obs.Started(d.fams, model.NodeInfoOf(d.nodeName, d.peekNode()))
 	wg.Go(func() { d.runner.Run(ctx) })
 	if d.o.ConfigFile != "" {
-		if initial, err := os.ReadFile(d.o.ConfigFile); err == nil {
-			wg.Go(func() { watchConfigFile(ctx, d.o.ConfigFile, initial, configPollInterval, d.errc) })
+		// Upstream fails to start without the watch; kproxy runs on
+		// (a node out of inotify instances still gets its Services).
+		if w, err := newConfigWatch(d.o.ConfigFile); err != nil {
+			klog.FromContext(ctx).Error(err, "Not watching the configuration file: a change takes effect at the next start")
+		} else {
+			wg.Go(func() { w.run(ctx, d.errc) })
 		}
 	}
 	klog.FromContext(ctx).Info("kproxy running", "mode", d.mode, "node", d.nodeName)
