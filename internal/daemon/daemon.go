@@ -305,13 +305,20 @@ func cleanupMode(ctx context.Context, e env, mode string) error {
 }
 
 // initNode is --init-only: the privileged node setup, then exit. As
-// upstream: the conntrack sysctls, and in iptables mode route_localnet=1
-// when NodePorts answer on localhost. Unlike upstream it leaves other modes'
-// leftovers alone: the proxy removes them after its first sync, without a
-// window.
+// upstream: the conntrack sysctls, in iptables mode route_localnet=1 when
+// NodePorts answer on localhost, and in ipvs mode (when the node can run
+// it, else as the iptables mode it falls back to) that mode's sysctls and
+// IPVS timeouts. Unlike upstream it leaves other modes' leftovers alone:
+// the proxy removes them after its first sync, without a window.
 func initNode(ctx context.Context, o *config.Options, e env) error {
 	if err := conntrack.ApplySysctls(ctx, &o.Config.Conntrack, e.numCPU(), e.sysctls); err != nil {
 		return fmt.Errorf("could not set conntrack parameters from kube-proxy configuration: %w", err)
+	}
+	o = ipvsFallback(o, e)
+	if string(o.Config.Mode) == ModeIPVS {
+		if err := initIPVS(ctx, o, e); err != nil {
+			return err
+		}
 	}
 	if localhostNodePorts(o.Config) {
 		klog.FromContext(ctx).Info("Setting route_localnet=1 to allow node-ports on localhost")
@@ -320,5 +327,21 @@ func initNode(ctx context.Context, o *config.Options, e env) error {
 		}
 	}
 	klog.FromContext(ctx).Info("System initialized and --init-only specified")
+	return nil
+}
+
+// initIPVS makes IPVS mode's node settings (its dataplane's InitNode).
+func initIPVS(ctx context.Context, o *config.Options, e env) error {
+	cfg, err := dataplaneConfig(o.Config, nodeIPs{}, cleanupConfig(e).Families)
+	if err != nil {
+		return err
+	}
+	dp, err := e.dataplanes[ModeIPVS](cfg)
+	if err != nil {
+		return err
+	}
+	if ni, ok := dp.(interface{ InitNode(context.Context) error }); ok {
+		return ni.InitNode(ctx)
+	}
 	return nil
 }

@@ -277,3 +277,47 @@ func TestInitOnlyIPTablesRouteLocalnet(t *testing.T) {
 		t.Errorf("init-only in iptables mode wrote %v, want route_localnet=1", files.writes)
 	}
 }
+
+// initRecorder is an IPVS dataplane that records InitNode.
+type initRecorder struct {
+	*fakeDataplane
+	inits int
+}
+
+func (r *initRecorder) InitNode(context.Context) error { r.inits++; return nil }
+
+// TestInitOnlyIPVS: --init-only in ipvs mode makes the IPVS dataplane's
+// node settings, as upstream's proxier does before its init-only return;
+// on a node that cannot run ipvs it sets up the iptables mode kproxy falls
+// back to instead.
+func TestInitOnlyIPVS(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		missing   []string
+		wantInits int
+	}{
+		{"ipvs runs", nil, 1},
+		{"falls back to iptables", []string{"kernel module ip_vs"}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &initRecorder{fakeDataplane: newFakeDataplane()}
+			e := testEnv(nil, newFakeDataplane())
+			e.dataplanes[ModeIPVS] = func(dataplane.Config) (dataplane.Dataplane, error) { return rec, nil }
+			e.ipvsSupport = func(string) []string { return tc.missing }
+			files := recordingFiles{writes: map[string]int{}}
+			e.sysctls = files
+			o := testOptions()
+			o.Config.Mode = ModeIPVS
+			o.InitOnly = true
+			if err := run(context.Background(), o, e); err != nil {
+				t.Fatalf("init-only: %v", err)
+			}
+			if rec.inits != tc.wantInits {
+				t.Errorf("InitNode calls = %d, want %d", rec.inits, tc.wantInits)
+			}
+			if fellBack := files.writes[sysctlRouteLocalnet] == 1; fellBack != (tc.missing != nil) {
+				t.Errorf("route_localnet written: %v, want %v (iptables mode's)", fellBack, tc.missing != nil)
+			}
+		})
+	}
+}

@@ -37,6 +37,7 @@ func TestIPVSMode(t *testing.T) {
 	b.waitServing(b.pods...)
 	t.Run("Schedulers", func(t *testing.T) { testIPVSSchedulers(t, b) })
 	t.Run("GracefulTermination", func(t *testing.T) { testIPVSGracefulTermination(t, b) })
+	t.Run("InitOnly", func(t *testing.T) { testIPVSInitOnly(t, b) })
 	t.Run("StrictARP", func(t *testing.T) {
 		for sysctl, want := range map[string]string{"arp_ignore": "1", "arp_announce": "2"} {
 			out, err := b.node.Run(context.Background(), "cat", "/proc/sys/net/ipv4/conf/all/"+sysctl)
@@ -45,6 +46,35 @@ func TestIPVSMode(t *testing.T) {
 			}
 		}
 	})
+}
+
+// testIPVSInitOnly: kproxy --init-only in ipvs mode, run in a namespace of
+// its own (the last pod's, where no proxy runs), sets IPVS mode's sysctls
+// there, as upstream's proxier does before its init-only return, so that
+// a proxy container without write access to /proc/sys finds them.
+func testIPVSInitOnly(t *testing.T, b *migBed) {
+	ns := b.pods[len(b.pods)-1].Netns
+	read := func(name string) string {
+		out, err := ns.Run(context.Background(), "cat", "/proc/sys/net/ipv4/"+name)
+		if err != nil {
+			t.Fatalf("reading %s: %v", name, err)
+		}
+		return strings.TrimSpace(out)
+	}
+	sysctls := []string{"vs/expire_nodest_conn", "vs/expire_quiescent_template", "vs/conntrack", "ip_forward"}
+	for _, s := range sysctls {
+		t.Logf("before: net.ipv4.%s = %s", strings.ReplaceAll(s, "/", "."), read(s))
+	}
+	out, err := ns.Run(context.Background(), kproxyBinary(t), "--init-only", "--proxy-mode", "ipvs",
+		"--hostname-override", "init-only", "--conntrack-max-per-core", "0")
+	if err != nil {
+		t.Fatalf("kproxy --init-only --proxy-mode ipvs: %v\n%s", err, out)
+	}
+	for _, s := range sysctls {
+		if got := read(s); got != "1" {
+			t.Errorf("after --init-only: net.ipv4.%s = %s, want 1", strings.ReplaceAll(s, "/", "."), got)
+		}
+	}
 }
 
 // ipvsService creates a Service whose endpoints are pods, with the IPVS

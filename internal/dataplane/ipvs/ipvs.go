@@ -114,9 +114,36 @@ type sysctl struct {
 	v    int
 }
 
-// setup is done at every full sync: the sysctls IPVS mode needs, the
-// dummy interface, IPVS's timeouts.
+// setup is done at every full sync: the node settings IPVS mode needs
+// (nodeSettings) and the dummy interface.
 func (p *Proxier) setup(ctx context.Context) error {
+	errs := p.nodeSettings()
+	if err := p.k.EnsureDummy(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		klog.FromContext(ctx).Error(err, "Setting up IPVS mode")
+		return err
+	}
+	return nil
+}
+
+// InitNode is --init-only in IPVS mode: the node settings, as upstream's
+// proxier makes them before its init-only return (the dummy interface and
+// the rules wait for the proxy, as upstream's do). A proxy container
+// without write access to /proc/sys then finds them in place: a sysctl
+// already at its value is not written.
+func (p *Proxier) InitNode(ctx context.Context) error {
+	if err := errors.Join(p.nodeSettings()...); err != nil {
+		return fmt.Errorf("setting up IPVS mode: %w", err)
+	}
+	klog.FromContext(ctx).V(2).Info("Set IPVS mode's sysctls and timeouts")
+	return nil
+}
+
+// nodeSettings sets the sysctls IPVS mode needs and IPVS's timeouts (those
+// configured), returning every failure.
+func (p *Proxier) nodeSettings() []error {
 	sysctls := []sysctl{
 		// Conntrack entries for IPVS connections, which the masquerade
 		// rules need.
@@ -136,20 +163,13 @@ func (p *Proxier) setup(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("sysctl %s=%d: %w", s.name, s.v, err))
 		}
 	}
-	if err := p.k.EnsureDummy(); err != nil {
-		errs = append(errs, err)
-	}
 	c := p.cfg.IPVS
 	if c.TCPTimeout > 0 || c.TCPFinTimeout > 0 || c.UDPTimeout > 0 {
 		if err := p.k.SetTimeouts(&libipvs.Config{TimeoutTCP: c.TCPTimeout, TimeoutTCPFin: c.TCPFinTimeout, TimeoutUDP: c.UDPTimeout}); err != nil {
 			errs = append(errs, fmt.Errorf("setting IPVS timeouts: %w", err))
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		klog.FromContext(ctx).Error(err, "Setting up IPVS mode")
-		return err
-	}
-	return nil
+	return errs
 }
 
 // readKernel rebuilds the mirror from the kernel.

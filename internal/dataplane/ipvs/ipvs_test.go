@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"maps"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -270,6 +272,30 @@ func TestStrictARPAndTimeouts(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(k.writes, "\n"), "timeouts 15m0s 0s 0s") {
 		t.Errorf("IPVS timeouts not set: %v", k.writes)
+	}
+}
+
+// TestInitNode: --init-only sets the sysctls and timeouts, as upstream's
+// proxier does before its init-only return, and programs nothing else.
+func TestInitNode(t *testing.T) {
+	k := newFakeKernel(nodeIP)
+	cfg := testConfig()
+	cfg.IPVS.StrictARP = true
+	cfg.IPVS.UDPTimeout = 30e9
+	p, _ := New(cfg, withKernel(k))
+	if err := p.InitNode(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"net.ipv4.vs.conntrack": 1, "net.ipv4.vs.expire_nodest_conn": 1, "net.ipv4.vs.expire_quiescent_template": 1,
+		"net.ipv4.ip_forward": 1, "net.ipv4.conf.all.arp_ignore": 1, "net.ipv4.conf.all.arp_announce": 2}
+	if !maps.Equal(k.sysctls, want) {
+		t.Errorf("sysctls %v, want %v", k.sysctls, want)
+	}
+	if !slices.Contains(k.writes, "timeouts 0s 0s 30s") {
+		t.Errorf("IPVS timeouts not set: %v", k.writes)
+	}
+	if k.dummy || len(k.svcs) != 0 || len(k.sets) != 0 || len(k.rules) != 0 {
+		t.Errorf("init-only programmed more: dummy %v, services %d, sets %d, rules %d", k.dummy, len(k.svcs), len(k.sets), len(k.rules))
 	}
 }
 
