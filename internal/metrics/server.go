@@ -5,9 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	k8smetrics "k8s.io/component-base/metrics"
@@ -65,8 +69,8 @@ func (s *Server) Handler() http.Handler {
 	if s.cfg.Gatherer != nil {
 		mux.Handle("/metrics", k8smetrics.HandlerFor(s.cfg.Gatherer, k8smetrics.HandlerOpts{}))
 	}
-	// The component SLI endpoint upstream serves (healthcheck SLIs; with no
-	// registered checks it answers an empty exposition, as upstream's does).
+	// The component SLI endpoint upstream serves: the health checks that
+	// /healthz records (serveHealthz).
 	slis.SLIMetricsWithReset{}.Install(mux)
 	mux.HandleFunc("/configz", s.serveConfigz)
 	if s.cfg.Profiling {
@@ -109,14 +113,46 @@ func textHeaders(w http.ResponseWriter) {
 }
 
 // serveHealthz answers like the apiserver healthz handler with its one
-// default check (ping), which upstream installs on the metrics mux.
+// default check (ping), which upstream installs on the metrics mux: the
+// check's result goes to the SLI metrics (kubernetes_healthcheck and
+// kubernetes_healthchecks_total on /metrics/slis) unless ?exclude=ping
+// skips it; ?verbose lists the checks, and excluded names that match no
+// check are warned about.
 func serveHealthz(w http.ResponseWriter, r *http.Request) {
+	var out strings.Builder
+	var unknown []string
+	pingExcluded := false
+	for _, name := range slices.Sorted(maps.Keys(excludedChecks(r))) {
+		if name == "ping" {
+			pingExcluded = true
+			continue
+		}
+		unknown = append(unknown, strconv.Quote(name))
+	}
+	if pingExcluded {
+		out.WriteString("[+]ping excluded: ok\n")
+	} else {
+		_ = slis.ObserveHealthcheck(context.Background(), "ping", "healthz", slis.Success)
+		out.WriteString("[+]ping ok\n")
+	}
+	if len(unknown) > 0 {
+		fmt.Fprintf(&out, "warn: some health checks cannot be excluded: no matches for %s\n", strings.Join(unknown, ","))
+	}
 	textHeaders(w)
-	if _, verbose := r.URL.Query()["verbose"]; verbose {
-		fmt.Fprint(w, "[+]ping ok\nhealthz check passed\n")
+	if _, verbose := r.URL.Query()["verbose"]; !verbose {
+		fmt.Fprint(w, "ok")
 		return
 	}
-	fmt.Fprint(w, "ok")
+	fmt.Fprint(w, out.String()+"healthz check passed\n")
+}
+
+// excludedChecks are the ?exclude= names of a healthz request.
+func excludedChecks(r *http.Request) map[string]bool {
+	out := map[string]bool{}
+	for _, name := range r.URL.Query()["exclude"] {
+		out[name] = true
+	}
+	return out
 }
 
 func servePing(w http.ResponseWriter, _ *http.Request) {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -39,6 +40,8 @@ func TestServerRoutes(t *testing.T) {
 		{"healthz", ServerConfig{}, "/healthz", 200, "ok", false, "text/plain; charset=utf-8"},
 		{"healthz verbose", ServerConfig{}, "/healthz?verbose", 200, "[+]ping ok\nhealthz check passed\n", false, "text/plain; charset=utf-8"},
 		{"healthz ping", ServerConfig{}, "/healthz/ping", 200, "ok", false, "text/plain; charset=utf-8"},
+		{"healthz excluded", ServerConfig{}, "/healthz?exclude=ping&exclude=etcd&verbose", 200,
+			"[+]ping excluded: ok\nwarn: some health checks cannot be excluded: no matches for \"etcd\"\nhealthz check passed\n", false, ""},
 		{"configz", ServerConfig{Configz: cfgz}, "/configz", 200,
 			`{"kubeproxy.config.k8s.io":{"apiVersion":"kubeproxy.config.k8s.io/v1alpha1","kind":"KubeProxyConfiguration","mode":"nftables"}}`, false, "application/json"},
 		{"configz unset", ServerConfig{}, "/configz", 200, `{}`, false, "application/json"},
@@ -109,6 +112,38 @@ func TestServerRunServesUntilCancelled(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after cancel")
+	}
+}
+
+// TestHealthzSLIs: every /healthz answer that runs the ping check is
+// recorded in the SLI metrics, as the apiserver healthz handler upstream
+// installs records it; an excluded check is not.
+func TestHealthzSLIs(t *testing.T) {
+	h := NewServer(ServerConfig{}).Handler()
+	get := func(path string) string {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		return rec.Body.String()
+	}
+	const total = `kubernetes_healthchecks_total{name="ping",status="success",type="healthz"} `
+	count := func() int {
+		for _, line := range strings.Split(get("/metrics/slis"), "\n") {
+			if v, ok := strings.CutPrefix(line, total); ok {
+				n, _ := strconv.Atoi(v)
+				return n
+			}
+		}
+		return 0
+	}
+	before := count()
+	get("/healthz")
+	get("/healthz?verbose")
+	get("/healthz?exclude=ping")
+	if got := count() - before; got != 2 {
+		t.Errorf("%s grew by %d over two checked answers and one excluded, want 2", total, got)
+	}
+	if slis := get("/metrics/slis"); !strings.Contains(slis, `kubernetes_healthcheck{name="ping",type="healthz"} 1`) {
+		t.Errorf("/metrics/slis lacks the ping gauge:\n%s", slis)
 	}
 }
 
