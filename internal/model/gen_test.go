@@ -196,6 +196,7 @@ func (g *gen) input() Input {
 		}
 		in.Slices[k] = append(in.Slices[k], g.slice(k, in.Services[k]))
 	}
+	in.IgnoreExternalIPs = g.intn(4) == 0
 	return in
 }
 
@@ -250,6 +251,15 @@ func checkBuildAndUpdate(t *testing.T, data []byte) {
 		t.Fatalf("Build is not deterministic")
 	}
 	checkBuildParts(t, in1)
+	if in1.IgnoreExternalIPs {
+		for _, f := range families {
+			for _, p := range s1.Family(f).Ports {
+				if len(p.ExternalIPs) > 0 {
+					t.Fatalf("%s: external IPs %v with IgnoreExternalIPs", p.ID, p.ExternalIPs)
+				}
+			}
+		}
+	}
 	in2, changed := g.mutate(in1)
 	want, _ := Build(in2)
 	got, probs := Update(s1, in2, changed)
