@@ -211,9 +211,21 @@ func dataplaneConfig(c *kpv1alpha1.KubeProxyConfiguration, ips nodeIPs, fams []m
 // nodePortAddresses resolves the "primary" keyword as upstream does: into the
 // node's non-loopback IPs as /32 and /128 CIDRs. When no node IP is known the
 // result is empty, which upstream takes as "every local address".
+//
+// Other entries are parsed as upstream parses them (leading zeros, host
+// bits) and handed on in canonical form, so that the dataplanes' strict
+// parsers take "010.0.0.0/8" as 10.0.0.0/8 rather than skip it and leave
+// the family open on every address.
 func nodePortAddresses(configured []string, ips nodeIPs) []string {
 	if len(configured) != 1 || configured[0] != nodePortAddressesPrimary {
-		return configured
+		var out []string
+		for _, s := range configured {
+			if p, ok := model.ParsePrefix(s); ok {
+				s = p.String()
+			}
+			out = append(out, s)
+		}
+		return out
 	}
 	out := []string{}
 	for _, f := range []model.Family{model.IPv4, model.IPv6} {
@@ -248,7 +260,7 @@ func completeFamilies(cidrs []string, fams []model.Family) []string {
 
 func hasCIDROf(cidrs []string, f model.Family) bool {
 	for _, s := range cidrs {
-		if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil && model.FamilyOf(p.Addr()) == f {
+		if p, ok := model.ParsePrefix(s); ok && model.FamilyOf(p.Addr()) == f {
 			return true
 		}
 	}
@@ -272,7 +284,7 @@ func localhostNodePorts(c *kpv1alpha1.KubeProxyConfiguration) bool {
 	}
 	loopback := netip.AddrFrom4([4]byte{127, 0, 0, 1})
 	for _, s := range npa {
-		if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil && p.Contains(loopback) {
+		if p, ok := model.ParsePrefix(s); ok && p.Contains(loopback) {
 			return true
 		}
 	}

@@ -145,6 +145,13 @@ func TestDataplaneConfig(t *testing.T) {
 		want: dataplane.Config{Families: []model.Family{model.IPv4, model.IPv6},
 			NodePortAddresses: []string{"198.18.1.1/32", "::/0"}, NodeIPs: addrs("198.18.1.1")},
 	}, {
+		name: "CIDRs parsed as upstream (leading zeros, host bits), handed on canonical",
+		cfg:  kpv1alpha1.KubeProxyConfiguration{Mode: ModeNFTables, NodePortAddresses: []string{"198.018.0.1/16", " fd00::1/64"}},
+		ips:  v4,
+		fams: []model.Family{model.IPv4, model.IPv6},
+		want: dataplane.Config{Families: []model.Family{model.IPv4, model.IPv6},
+			NodePortAddresses: []string{"198.18.0.0/16", "fd00::/64"}, NodeIPs: addrs("198.18.1.1")},
+	}, {
 		name:    "bad cluster CIDR",
 		cfg:     kpv1alpha1.KubeProxyConfiguration{Mode: ModeNFTables, DetectLocalMode: "ClusterCIDR", ClusterCIDR: "nope"},
 		ips:     v4,
@@ -248,6 +255,7 @@ func TestLocalhostNodePorts(t *testing.T) {
 		{"primary", kpv1alpha1.KubeProxyConfiguration{Mode: ModeIPTables, NodePortAddresses: []string{"primary"}}, false},
 		{"CIDR without loopback", kpv1alpha1.KubeProxyConfiguration{Mode: ModeIPTables, NodePortAddresses: []string{"198.18.0.0/16"}}, false},
 		{"CIDR with loopback", kpv1alpha1.KubeProxyConfiguration{Mode: ModeIPTables, NodePortAddresses: []string{"198.18.0.0/16", "127.0.0.0/8"}}, true},
+		{"CIDR with leading zeros, no loopback", kpv1alpha1.KubeProxyConfiguration{Mode: ModeIPTables, NodePortAddresses: []string{"010.0.0.0/8"}}, false},
 		{"only IPv6 CIDRs: IPv4 is all", kpv1alpha1.KubeProxyConfiguration{Mode: ModeIPTables, NodePortAddresses: []string{"fd00::/64"}}, true},
 	}
 	for _, tc := range tests {

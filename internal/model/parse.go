@@ -32,6 +32,10 @@ func parsePrefix(s string) (netip.Prefix, bool) {
 	return p.Masked(), true
 }
 
+// ParsePrefix parses a CIDR of the configuration (nodePortAddresses) as
+// upstream does: leading zeros and host bits allowed, masked to its network.
+func ParsePrefix(s string) (netip.Prefix, bool) { return parsePrefix(strings.TrimSpace(s)) }
+
 // problemList adds the problems of one object to a shared list.
 type problemList struct {
 	kind string
