@@ -189,15 +189,15 @@ func (l *Loader) addInheritedFlags(fs *pflag.FlagSet) {
 
 // addExtensionFlags registers kproxy's own flags (not in upstream).
 func (l *Loader) addExtensionFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&l.opts.SourceFile, "source-file", "", "[kproxy] Read Services, EndpointSlices and Nodes from this multi-document YAML file instead of the Kubernetes API; the file is re-read when it changes.")
-	fs.BoolVar(&l.opts.DryRun, "dry-run", false, "[kproxy] Print what the proxy mode would program after the first complete sync instead of changing the kernel, then exit.")
-	fs.StringVar(&l.opts.DebugBindAddress, "debug-bind-address", "", "[kproxy] Serve the debug endpoint (kproxy inspect, kproxy explain --debug-address) on this loopback IP:port, e.g. 127.0.0.1:10259; off when empty.")
-	fs.BoolVar(&l.iptablesNetlink, "iptables-netlink-writer", true, "[kproxy] In iptables mode on the nf_tables backend, write rules straight over netlink in iptables-nft's encoding when the installed iptables-nft is a version that writer was proven against and the kernel has every xtables module it uses; false: always iptables-restore.")
-	fs.StringVar(&l.opts.LoadBalancing, "load-balancing", "random", "[kproxy] How Services without the kproxy.io/load-balancing annotation pick an endpoint: "+strings.Join(model.BalancingNames(), ", ")+". Each proxy mode supports some (see the README); random is upstream's behaviour.")
-	fs.BoolVar(&l.opts.ServiceTrafficMetrics, "service-traffic-metrics", false, "[kproxy] Count new connections, packets and bytes per Service port (nftables and iptables modes) and export them on the metrics address as kproxy_service_* metrics.")
-	for _, name := range []string{"source-file", "dry-run", "debug-bind-address", "iptables-netlink-writer", "load-balancing", "service-traffic-metrics"} {
-		_ = fs.SetAnnotation(name, extensionAnnotation, []string{"true"})
-	}
+	ext := pflag.NewFlagSet("kproxy", pflag.ContinueOnError)
+	ext.StringVar(&l.opts.SourceFile, "source-file", "", "[kproxy] Read Services, EndpointSlices and Nodes from this multi-document YAML file instead of the Kubernetes API; the file is re-read when it changes.")
+	ext.BoolVar(&l.opts.DryRun, "dry-run", false, "[kproxy] Print what the proxy mode would program after the first complete sync instead of changing the kernel, then exit.")
+	ext.StringVar(&l.opts.DebugBindAddress, "debug-bind-address", "", "[kproxy] Serve the debug endpoint (kproxy inspect, kproxy explain --debug-address) on this loopback IP:port, e.g. 127.0.0.1:10259; off when empty.")
+	ext.BoolVar(&l.iptablesNetlink, "iptables-netlink-writer", true, "[kproxy] In iptables mode on the nf_tables backend, write rules straight over netlink in iptables-nft's encoding when the installed iptables-nft is a version that writer was proven against and the kernel has every xtables module it uses; false: always iptables-restore.")
+	ext.StringVar(&l.opts.LoadBalancing, "load-balancing", "random", "[kproxy] How Services without the kproxy.io/load-balancing annotation pick an endpoint: "+strings.Join(model.BalancingNames(), ", ")+". Each proxy mode supports some (see the README); random is upstream's behaviour.")
+	ext.BoolVar(&l.opts.ServiceTrafficMetrics, "service-traffic-metrics", false, "[kproxy] Count new connections, packets and bytes per Service port (nftables and iptables modes) and export them on the metrics address as kproxy_service_* metrics.")
+	ext.VisitAll(func(f *pflag.Flag) { f.Annotations = map[string][]string{extensionAnnotation: {"true"}} })
+	fs.AddFlagSet(ext)
 }
 
 // extensionAnnotation marks kproxy's own flags: the configuration file has

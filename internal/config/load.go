@@ -35,7 +35,7 @@ func Load(args []string) (*Options, error) {
 // file's logging section).
 var commandFlags = map[string]bool{
 	"config": true, "write-config-to": true, "cleanup": true, "init-only": true,
-	"master": true, "hostname-override": true, "source-file": true, "dry-run": true,
+	"master": true, "hostname-override": true,
 	"version": true, "help": true, "boot-id-file": true, "machine-id-file": true,
 }
 
