@@ -243,9 +243,7 @@ func (d *daemon) dryRun(ctx context.Context) error {
 // problems and marks the changes taken (--dry-run and explain, which
 // program nothing).
 func (d *daemon) takeSnapshot(ctx context.Context) *model.Snapshot {
-	b := d.inputs.Tracker.Take()
-	b.Input.Balancing = d.balancing
-	b.Input.IgnoreExternalIPs = d.noExtIPs
+	b := d.take()
 	snap, problems := buildSnapshot(b)
 	d.problems.log(ctx, problems)
 	d.inputs.Tracker.Done(b, false)

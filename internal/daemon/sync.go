@@ -19,9 +19,7 @@ import (
 func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 	logger := klog.FromContext(ctx)
 	start := d.env.clock.Now()
-	b := d.inputs.Tracker.Take()
-	b.Input.Balancing = d.balancing
-	b.Input.IgnoreExternalIPs = d.noExtIPs
+	b := d.take()
 	snap, problems := model.Update(d.prev, b.Input, b.Changed)
 	d.problems.log(ctx, problems)
 	if b.NodeChanged && d.prev != nil {
@@ -80,6 +78,16 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 		d.removeLeftovers(ctx)
 	}
 	return nil
+}
+
+// take takes the tracker's batch with the model options the daemon sets
+// (the mode's balancing, AllowServiceExternalIPs=false); every Take the
+// daemon makes goes through it. Each must be followed by Tracker.Done.
+func (d *daemon) take() *Batch {
+	b := d.inputs.Tracker.Take()
+	b.Input.Balancing = d.balancing
+	b.Input.IgnoreExternalIPs = d.noExtIPs
+	return b
 }
 
 // buildSnapshot builds a complete snapshot of a batch (dry run).
