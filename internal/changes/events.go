@@ -127,8 +127,19 @@ func (t *Tracker) OnNode(n *objects.Node) {
 	t.setNode(n)
 }
 
-// OnNodeDeleted records that this node's Node object is gone.
-func (t *Tracker) OnNodeDeleted() { t.setNode(nil) }
+// OnNodeDeleted records that this node's Node object is gone. As upstream
+// kube-proxy, kproxy keeps using the Node as last seen: its zone for
+// topology, its podCIDRs for detect-local-mode NodeCIDR, and its
+// deletion state for /healthz. Upstream's node manager only logs the
+// deletion, and a node whose object is deleted is normally going away.
+func (t *Tracker) OnNodeDeleted() {
+	t.mu.Lock()
+	known := t.node != nil
+	t.mu.Unlock()
+	if known {
+		t.logger.Info("This node's Node object was deleted; its last state stays in use, as upstream kube-proxy keeps it", "node", t.nodeName)
+	}
+}
 
 func (t *Tracker) setNode(n *objects.Node) {
 	t.mu.Lock()

@@ -247,11 +247,17 @@ func TestTrackerNode(t *testing.T) {
 	if tr.Pending() != 0 {
 		t.Errorf("equal node is pending")
 	}
+	// A deleted Node stays in use as last seen, as upstream keeps it.
 	tr.OnNodeDeleted()
+	if tr.Pending() != 0 || tr.Node() != n1 {
+		t.Errorf("after the Node's deletion: pending %d, node %+v; want the last one kept", tr.Pending(), tr.Node())
+	}
+	n3 := &objects.Node{Name: "node-a", ResourceVersion: "3", InternalIPs: []string{"198.18.0.3"}}
+	tr.OnNode(n3)
 	b = tr.Take()
 	tr.Done(b, false)
-	if b = tr.Take(); !b.NodeChanged || b.Input.Node != nil {
-		t.Errorf("deleted node: %+v", b)
+	if b = tr.Take(); !b.NodeChanged || b.Input.Node != n3 {
+		t.Errorf("changed node: %+v", b)
 	}
 	tr.OnNode(n1) // back to what was synced, after the Take
 	tr.Done(b, true)

@@ -20,7 +20,7 @@ func TestLogNodeChange(t *testing.T) {
 		nodeCIDR bool
 		want     []string
 	}{
-		{"gone", model.NodeInfo{Name: "node1"}, false, []string{"Node object is gone"}},
+		{"unknown", model.NodeInfo{Name: "node1"}, false, nil},
 		{"podCIDRs lost, NodeCIDR", model.NodeInfo{Name: "node1", Known: true, InternalIPs: ip}, true, []string{"now counts no traffic as from local pods"}},
 		{"podCIDRs lost", model.NodeInfo{Name: "node1", Known: true, InternalIPs: ip}, false, []string{"podCIDRs changed"}},
 		{"addresses lost", model.NodeInfo{Name: "node1", Known: true, PodCIDRs: cidr}, false, []string{"addresses changed"}},

@@ -101,6 +101,7 @@ func (d *daemon) startServers(ctx context.Context, wg *sync.WaitGroup) error {
 	servers, obs, err := d.env.servers(ServerParams{
 		Options: d.o, NodeName: d.nodeName, Mode: d.mode, Families: d.fams,
 		NodePortAddresses: d.dpCfg.NodePortAddresses, NodeOptional: !d.inputs.NodeExpected,
+		Node:           func() model.NodeInfo { return model.NodeInfoOf(d.nodeName, d.inputs.Tracker.Node()) },
 		ServiceTraffic: trafficRead, Relays: relayReader(d.dp),
 	})
 	if err != nil {

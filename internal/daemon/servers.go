@@ -25,6 +25,9 @@ type ServerParams struct {
 	// NodeOptional is true when the source has no cluster (file source):
 	// /healthz then does not require a Node object.
 	NodeOptional bool
+	// Node reads this node's Node as last seen (the tracker's); /healthz
+	// judges the node's eligibility from it at each request.
+	Node func() model.NodeInfo
 	// ServiceTraffic reads the per-Service traffic counters at scrape
 	// time; nil without --service-traffic-metrics.
 	ServiceTraffic metrics.ServiceTrafficReader
@@ -49,6 +52,7 @@ func defaultServers(p ServerParams) ([]Server, []Observer, error) {
 		Addr:         cfg.HealthzBindAddress,
 		Timeout:      2 * syncPeriod,
 		NodeOptional: p.NodeOptional,
+		Node:         p.Node,
 		Counter:      m,
 	})
 	obs := &serverObserver{health: hs, metrics: m, services: map[model.Family]*health.ServiceHealthServer{}}
@@ -87,10 +91,7 @@ func (o *serverObserver) ChangesPending(services, endpoints int) {
 	o.metrics.ChangesPending(services, endpoints)
 }
 
-func (o *serverObserver) Started(fams []model.Family, node model.NodeInfo) {
-	if node.Known {
-		o.health.SetNode(node)
-	}
+func (o *serverObserver) Started(fams []model.Family, _ model.NodeInfo) {
 	now := time.Now()
 	for _, f := range fams {
 		o.health.Updated(f)
@@ -126,9 +127,6 @@ func (o *serverObserver) Synced(r SyncReport) {
 				klog.Background().Error(err, "Updating health-check node ports failed", "family", f.String())
 			}
 		}
-	}
-	if r.Err == nil && r.Snapshot != nil {
-		o.health.SetNode(r.Snapshot.Node)
 	}
 	for _, c := range r.Rules {
 		o.metrics.IPTablesRules(c.Family, c.Table, c.Total, c.LastSync)

@@ -10,7 +10,8 @@ import (
 // TestHealthBeforeFirstSync: as upstream, /healthz is healthy from the
 // start of the sync loop when this node's Node is known, not only after the
 // first sync (which takes seconds at scale); a node being deleted is not
-// eligible from the start either.
+// eligible from the start either. Eligibility follows the Node as read at
+// each request, not as of the last sync.
 func TestHealthBeforeFirstSync(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
@@ -26,7 +27,9 @@ func TestHealthBeforeFirstSync(t *testing.T) {
 			o := &config.Options{Config: config.NewDefault()}
 			o.Config.HealthzBindAddress = "127.0.0.1:0"
 			o.Config.MetricsBindAddress = "127.0.0.1:0"
-			_, obs, err := defaultServers(ServerParams{Options: o, NodeName: "n1", Mode: ModeNFTables, Families: []model.Family{model.IPv4}})
+			node := model.NodeInfo{Name: "n1"}
+			_, obs, err := defaultServers(ServerParams{Options: o, NodeName: "n1", Mode: ModeNFTables, Families: []model.Family{model.IPv4},
+				Node: func() model.NodeInfo { return node }})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -35,6 +38,10 @@ func TestHealthBeforeFirstSync(t *testing.T) {
 			if !so.health.Healthy() {
 				t.Error("not healthy right after the sync loop started")
 			}
+			if so.health.NodeEligible() {
+				t.Error("eligible before the Node is known")
+			}
+			node = tc.node
 			if got := so.health.NodeEligible(); got != tc.wantEligible {
 				t.Errorf("NodeEligible = %v, want %v", got, tc.wantEligible)
 			}

@@ -128,14 +128,15 @@ func (p *problemLog) log(ctx context.Context, problems []model.Problem) {
 
 // logNodeChange says what a change of this node's Node object means for
 // proxying. Upstream exits on a podCIDR change in NodeCIDR mode (to be
-// restarted) and only logs other changes; kproxy follows them live.
+// restarted) and only logs other changes; kproxy follows them live. A
+// deleted Node stays in use as last seen (the tracker keeps it), so a Node
+// is unknown only until it is first seen.
 func logNodeChange(logger klog.Logger, prev, cur model.NodeInfo, nodeCIDR bool) {
 	switch {
-	case prev.Known && !cur.Known:
-		logger.Info("This node's Node object is gone; Services are still proxied, topology hints are ignored until it is back", "node", cur.Name)
+	case !cur.Known:
 		return
-	case !prev.Known && cur.Known:
-		logger.Info("This node's Node object exists again", "node", cur.Name, "podCIDRs", cur.PodCIDRs, "internalIPs", cur.InternalIPs)
+	case !prev.Known:
+		logger.Info("This node's Node object appeared", "node", cur.Name, "podCIDRs", cur.PodCIDRs, "internalIPs", cur.InternalIPs)
 		return
 	}
 	if !slices.Equal(prev.PodCIDRs, cur.PodCIDRs) {

@@ -53,6 +53,11 @@ type ProxyConfig struct {
 	// no cluster (the file source may carry no Node); with the API source an
 	// unknown Node makes /healthz fail, as upstream does.
 	NodeOptional bool
+	// Node, when set, reads this node's Node as last seen, at each
+	// /healthz request, as upstream reads its node manager's: a deletion
+	// timestamp or the autoscaler's taint shows at once, not after the
+	// next successful sync. Without it the Node is what SetNode recorded.
+	Node func() model.NodeInfo
 	// Counter counts answers; nil counts nothing.
 	Counter RequestCounter
 	// Clock defaults to the real clock.
@@ -150,10 +155,16 @@ func (s *ProxyHealthServer) Healthy() bool { return s.Health().Healthy }
 // node: its Node is known (or NodeOptional), not being deleted and not
 // tainted ToBeDeletedByClusterAutoscaler.
 func (s *ProxyHealthServer) NodeEligible() bool {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if !s.node.Known {
+	var n model.NodeInfo
+	if s.cfg.Node != nil {
+		n = s.cfg.Node()
+	} else {
+		s.mu.RLock()
+		n = s.node
+		s.mu.RUnlock()
+	}
+	if !n.Known {
 		return s.cfg.NodeOptional
 	}
-	return !s.node.Deleting && !s.node.ToBeDeleted
+	return !n.Deleting && !n.ToBeDeleted
 }

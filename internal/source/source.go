@@ -52,7 +52,8 @@ type Handler interface {
 	OnSliceDeleted(key objects.Key)
 	// OnNode reports this node's Node object (added or updated).
 	OnNode(node *objects.Node)
-	// OnNodeDeleted reports that this node's Node object is gone.
+	// OnNodeDeleted reports that this node's Node object is gone (the
+	// tracker keeps its last state, as upstream does).
 	OnNodeDeleted()
 	// OnServiceCIDR reports a ServiceCIDR that was added or updated.
 	OnServiceCIDR(c *objects.ServiceCIDR)

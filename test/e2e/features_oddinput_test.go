@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -237,9 +238,13 @@ func firstLine(s string) string {
 //   - the same endpoint in two slices with different conditions (ready in
 //     one, terminating in the other): the ready one counts, as upstream
 //     resolves it, and kproxy logs the duplicate;
-//   - node1's Node object deleted, then created again without podCIDRs
-//     and addresses (podCIDRs cannot be removed by an update), then
-//     restored: Services keep being proxied and kproxy says what it does.
+//   - node1's Node tainted ToBeDeletedByClusterAutoscaler: its /healthz
+//     answers 503 with nodeEligible false, and 200 again once the taint is
+//     gone, as upstream's;
+//   - node1's Node object deleted: /healthz stays 200, as upstream keeps
+//     the Node as last seen; then created again without podCIDRs and
+//     addresses (podCIDRs cannot be removed by an update), then restored:
+//     Services keep being proxied and kproxy says what it does.
 func testOddNodeInput(t *testing.T, b *fbed, f family) {
 	ctx := context.Background()
 	on2 := b.podsOn("node2")
@@ -269,18 +274,34 @@ func testOddNodeInput(t *testing.T, b *fbed, f family) {
 	dupLogged()
 	stillFine("a duplicate endpoint")
 
-	// node1's Node object deleted, re-created bare, then restored.
 	spec := b.node(0).Spec
 	name := spec.Name
-	goneLogged, backLogged := b.logWatch(t, "Node object is gone"), b.logWatch(t, "Node object exists again")
-	if err := b.api.cp.DeleteNode(ctx, name); err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() { // whatever happens, node1 gets its Node back
 		_ = b.api.cp.DeleteNode(context.Background(), name)
 		_, _ = b.api.cp.CreateNode(context.Background(), name, []netip.Prefix{spec.PodCIDR4, spec.PodCIDR6}, []netip.Addr{spec.IP4, spec.IP6}, spec.Zone)
 	})
+
+	// The cluster autoscaler's taint on node1: not eligible, then again.
+	node := controlplane.NewNode(name, []netip.Prefix{spec.PodCIDR4, spec.PodCIDR6}, []netip.Addr{spec.IP4, spec.IP6}, spec.Zone)
+	node.Spec.Taints = []v1.Taint{{Key: "ToBeDeletedByClusterAutoscaler", Effect: v1.TaintEffectNoSchedule}}
+	if _, err := b.api.cp.ApplyNode(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	b.checkHealthz(t, b.node(0), false)
+	stillFine("tainting node1's Node ToBeDeletedByClusterAutoscaler")
+	node.Spec.Taints = nil
+	if _, err := b.api.cp.ApplyNode(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	b.checkHealthz(t, b.node(0), true)
+
+	// node1's Node object deleted, re-created bare, then restored.
+	goneLogged, backLogged := b.logWatch(t, "Node object was deleted"), b.logWatch(t, "podCIDRs changed")
+	if err := b.api.cp.DeleteNode(ctx, name); err != nil {
+		t.Fatal(err)
+	}
 	goneLogged()
+	b.checkHealthz(t, b.node(0), true)
 	stillFine("deleting node1's Node")
 	if _, err := b.api.cp.CreateNode(ctx, name, nil, nil, spec.Zone); err != nil {
 		t.Fatal(err)
@@ -295,6 +316,34 @@ func testOddNodeInput(t *testing.T, b *fbed, f family) {
 	}
 	stillFine("restoring node1's Node")
 	b.checkKproxysRunning(t)
+}
+
+// checkHealthz GETs node n's /healthz from the client until it answers
+// 200 with nodeEligible true (eligible) or 503 with nodeEligible false.
+func (b *fbed) checkHealthz(t *testing.T, n *netbed.Node, eligible bool) {
+	t.Helper()
+	url := "http://" + netip.AddrPortFrom(n.Spec.IP4, 10256).String() + "/healthz"
+	wantCode := 200
+	if !eligible {
+		wantCode = 503
+	}
+	eventually(t, b.exited, func() error {
+		code, body, err := b.bed.Client().HTTPGet(context.Background(), url)
+		if err != nil {
+			return err
+		}
+		var h struct {
+			NodeEligible *bool `json:"nodeEligible"`
+		}
+		if err := json.Unmarshal([]byte(body), &h); err != nil {
+			return fmt.Errorf("body %q: %v", body, err)
+		}
+		if code != wantCode || h.NodeEligible == nil || *h.NodeEligible != eligible {
+			return fmt.Errorf("status %d, body %q; want %d with nodeEligible %v", code, body, wantCode, eligible)
+		}
+		t.Logf("GET %s: %d %s", url, code, strings.TrimSpace(body))
+		return nil
+	}, "%s's /healthz", n.Spec.Name)
 }
 
 // logWatch counts text in node1's kproxy log now; the function it
