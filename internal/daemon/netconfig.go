@@ -95,9 +95,10 @@ func detectNodeIPs(raw []netip.Addr, bindAddress string) nodeIPs {
 			n.byFam[model.FamilyOf(raw[1])] = raw[1].Unmap()
 		}
 	}
-	if bind, err := netip.ParseAddr(bindAddress); err == nil && !bind.IsUnspecified() {
+	// Sloppy, as upstream parses it: validation accepts "010.0.0.1".
+	if bind, ok := objects.ParseAddr(bindAddress); ok && !bind.IsUnspecified() {
 		n.primary = model.FamilyOf(bind)
-		n.byFam[n.primary] = bind.Unmap()
+		n.byFam[n.primary] = bind
 	}
 	return n
 }

@@ -40,6 +40,8 @@ func TestDetectNodeIPs(t *testing.T) {
 		{"IPv6 bind address flips the primary", addrs("198.18.1.1"), "fd00::9", model.IPv6, addrs("fd00::9", "198.18.1.1")},
 		{"bind address alone", nil, "198.18.9.9", model.IPv4, addrs("198.18.9.9")},
 		{"empty bind address", addrs("198.18.1.1"), "", model.IPv4, addrs("198.18.1.1")},
+		{"bind address with leading zeros, as upstream's sloppy parse", addrs("fd00::1"), "198.018.009.009", model.IPv4, addrs("198.18.9.9", "fd00::1")},
+		{"IPv4-mapped bind address is IPv4", addrs("fd00::1"), "::ffff:198.18.9.9", model.IPv4, addrs("198.18.9.9", "fd00::1")},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
