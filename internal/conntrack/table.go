@@ -105,7 +105,7 @@ func (t *NetlinkTable) walk(fam byte, scope Scope, stale func(Flow) bool) (int, 
 	}
 	filtered := !t.unfiltered && scope != Scope{}
 	if t.rb == nil {
-		t.rb = make([]byte, nfnl.DumpBufSize)
+		t.rb = make([]byte, nfnl.MinDumpBufSize)
 	}
 	clean, err := nfnl.DumpOn(t.fd, dumpRequest(fam, scope, filtered), t.rb, collect)
 	var errno syscall.Errno

@@ -82,28 +82,38 @@ func dump(fd int, fam byte, typ uint16, attrs func(b *Batch), fn func(attrs []by
 	return DumpOn(fd, Message(typ, unix.NLM_F_DUMP, fam, attrs), nil, fn)
 }
 
-// DumpBufSize is the receive buffer a dump needs: the kernel fills up to
-// this much per read.
+// DumpBufSize is the receive buffer Dump allocates for one dump, far more
+// than a read returns; it is garbage after the dump.
 const DumpBufSize = 1 << 20
+
+// MinDumpBufSize is the smallest buffer DumpOn reads into, for callers that
+// keep theirs. The kernel fills one read of a dump with at most ~32 KiB
+// (netlink_recvmsg caps the dump's allocation at SKB_WITH_OVERHEAD(32768))
+// unless a single message needs more; a read that would not fit is an
+// error, never a silent truncation (reads ask for the length with MSG_TRUNC).
+const MinDumpBufSize = 64 << 10
 
 // DumpOn sends the dump request req (built with SubsysMessage and
 // unix.NLM_F_DUMP) on fd, a socket the caller keeps, and calls fn with the
-// attributes of every reply, as Dump does; they alias rb (DumpBufSize
-// bytes, allocated when nil), which a caller that dumps often keeps. clean
-// tells whether the dump was read to its end (else fd may hold the rest of
-// it).
+// attributes of every reply, as Dump does; they alias rb (at least
+// MinDumpBufSize bytes, else DumpBufSize bytes are allocated), which a
+// caller that dumps often keeps. clean tells whether the dump was read to
+// its end (else fd may hold the rest of it).
 func DumpOn(fd int, req, rb []byte, fn func(attrs []byte) error) (clean bool, err error) {
 	if err := unix.Sendto(fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return false, fmt.Errorf("sending a netlink dump request: %w", err)
 	}
 	interrupted := false
-	if len(rb) < DumpBufSize {
+	if len(rb) < MinDumpBufSize {
 		rb = make([]byte, DumpBufSize)
 	}
 	for range 1 << 24 {
-		n, _, err := unix.Recvfrom(fd, rb, 0)
+		n, _, err := unix.Recvfrom(fd, rb, unix.MSG_TRUNC)
 		if err != nil {
 			return false, fmt.Errorf("reading a netlink dump: %w", err)
+		}
+		if n > len(rb) {
+			return false, fmt.Errorf("reading a netlink dump: a read of %d bytes does not fit the %d-byte buffer", n, len(rb))
 		}
 		var result error
 		ended := false
