@@ -1,13 +1,17 @@
 package daemon
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
+	"path"
 	"strconv"
 	"strings"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/kproxy/kproxy/internal/config"
@@ -55,7 +59,7 @@ func kernelIPVSSupport(scheduler string) []string {
 	if !moduleLoaded("ip_vs", "/proc/net/ip_vs") {
 		return append(missing, "kernel module ip_vs (no /proc/net/ip_vs, modprobe ip_vs failed)")
 	}
-	if !moduleLoaded("ip_vs_"+scheduler, "/sys/module/ip_vs_"+scheduler) {
+	if !schedulerAvailable("ip_vs_" + scheduler) {
 		missing = append(missing, "kernel module ip_vs_"+scheduler+" (scheduler "+scheduler+")")
 	}
 	if _, err := os.Stat("/proc/sys/net/ipv4/vs/conntrack"); err != nil {
@@ -78,6 +82,41 @@ func moduleLoaded(module, path string) bool {
 	}
 	_, err := os.Stat(path)
 	return err == nil
+}
+
+// schedulerAvailable reports whether the kernel has the scheduler module:
+// loaded (/sys/module), built in (modules.builtin: a built-in module
+// without parameters has no /sys/module entry; ip_vs_rr is one), or
+// loaded now by modprobe (which also succeeds for a built-in one).
+// Upstream tries a virtual server with the scheduler instead.
+func schedulerAvailable(module string) bool {
+	if _, err := os.Stat("/sys/module/" + module); err == nil {
+		return true
+	}
+	var u unix.Utsname
+	if unix.Uname(&u) == nil {
+		if f, err := os.Open("/lib/modules/" + unix.ByteSliceToString(u.Release[:]) + "/modules.builtin"); err == nil {
+			found := listsBuiltin(f, module)
+			f.Close()
+			if found {
+				return true
+			}
+		}
+	}
+	_, err := exec.Command("modprobe", module).CombinedOutput()
+	return err == nil
+}
+
+// listsBuiltin reports whether a modules.builtin file (one path per line,
+// such as kernel/net/netfilter/ipvs/ip_vs_rr.ko) lists module.
+func listsBuiltin(r io.Reader, module string) bool {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		if path.Base(strings.TrimSpace(sc.Text())) == module+".ko" {
+			return true
+		}
+	}
+	return false
 }
 
 // ipsetUsable checks that the ipset program exists and is version 6 or later.

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"strings"
 	"testing"
 
 	kpv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
@@ -45,5 +46,14 @@ func TestIPVSFallback(t *testing.T) {
 				t.Errorf("support checked for scheduler %q, want wrr", asked)
 			}
 		})
+	}
+}
+
+func TestListsBuiltin(t *testing.T) {
+	const builtin = "kernel/net/netfilter/nf_conntrack.ko\nkernel/net/netfilter/ipvs/ip_vs.ko\nkernel/net/netfilter/ipvs/ip_vs_rr.ko\n"
+	for module, want := range map[string]bool{"ip_vs_rr": true, "ip_vs": true, "ip_vs_wrr": false, "ip_vs_r": false} {
+		if got := listsBuiltin(strings.NewReader(builtin), module); got != want {
+			t.Errorf("listsBuiltin(%s) = %v, want %v", module, got, want)
+		}
 	}
 }

@@ -443,6 +443,10 @@ func (e *explainer) policy(p *model.ServicePort, frontend string) (eps []*model.
 	a := e.a
 	if frontend == FrontendClusterIP {
 		if p.InternalPolicyLocal {
+			if e.ipvsClusterFallback(p) {
+				e.step("internalTrafficPolicy", "Local, but no endpoint is on this node: IPVS mode uses every usable endpoint, as upstream's does")
+				return p.ClusterEndpoints, false
+			}
 			e.step("internalTrafficPolicy", "Local: only endpoints on this node")
 			return p.LocalEndpoints, true
 		}
@@ -457,8 +461,19 @@ func (e *explainer) policy(p *model.ServicePort, frontend string) (eps []*model.
 		e.step("externalTrafficPolicy", "Local, but the client is %s: short-circuited to every usable endpoint, as upstream does", sourceWords(a.Source))
 		return p.ClusterEndpoints, false
 	}
+	if e.ipvsClusterFallback(p) {
+		e.step("externalTrafficPolicy", "Local, but no endpoint is on this node: IPVS mode uses every usable endpoint, as upstream's does (the client's address is kept, so an external client's reply does not come back through this node)")
+		return p.ClusterEndpoints, true
+	}
 	e.step("externalTrafficPolicy", "Local: only endpoints on this node (the client's address is kept)")
 	return p.LocalEndpoints, true
+}
+
+// ipvsClusterFallback reports whether IPVS mode gives a Local policy's
+// virtual server the cluster's endpoints: when none is on this node, as
+// upstream's IPVS mode does (kubernetes PR 97081).
+func (e *explainer) ipvsClusterFallback(p *model.ServicePort) bool {
+	return e.in.Mode == "ipvs" && len(p.LocalEndpoints) == 0 && len(p.ClusterEndpoints) > 0
 }
 
 // shortCircuits reports whether externalTrafficPolicy Local gives this

@@ -105,6 +105,7 @@ func TestExplain(t *testing.T) {
 	}
 	etpLocal := func(s *objects.Service) { s.ExternalTrafficPolicy = "Local" }
 	itpLocal := func(s *objects.Service) { s.InternalTrafficPolicy = "Local" }
+	clusterIPOnly := func(s *objects.Service) { s.Type, s.Ports[0].NodePort = "ClusterIP", 0 }
 	ranges := func(s *objects.Service) { s.LoadBalancerSourceRanges = []string{"198.18.100.0/24"} }
 	udp := func(s *objects.Service) { s.Ports[0].Protocol = "UDP" }
 	affinity := func(s *objects.Service) { s.SessionAffinity = "ClientIP"; s.SessionAffinityTimeout = 60 }
@@ -158,9 +159,17 @@ func TestExplain(t *testing.T) {
 		from: "198.18.100.1", to: "198.18.0.11:30001",
 		verdict: Drop, frontend: FrontendNodePort, excluded: []string{"198.18.18.10:8080: another node"}, reason: "Local",
 	}, {
-		name: "ETP Local without a local endpoint, IPVS rejects", svcs: map[string][]objects.Endpoint{"a": {ep("198.18.18.10", "node2", true)}}, opts: map[string][]svcOpt{"a": {etpLocal}},
+		name: "ETP Local without a local endpoint, IPVS uses the cluster's", svcs: map[string][]objects.Endpoint{"a": {ep("198.18.18.10", "node2", true)}}, opts: map[string][]svcOpt{"a": {etpLocal}},
 		mode: "ipvs", from: "198.18.100.1", to: "198.18.0.11:30001",
-		verdict: Reject, frontend: FrontendNodePort, reason: "IPVS",
+		verdict: Forward, frontend: FrontendNodePort, endpoints: []string{"198.18.18.10:8080"}, reason: "IPVS",
+	}, {
+		name: "ITP Local without a local endpoint, IPVS, externally accessible: the cluster's", svcs: map[string][]objects.Endpoint{"a": {ep("198.18.18.10", "node2", true)}}, opts: map[string][]svcOpt{"a": {itpLocal}},
+		mode: "ipvs", from: "198.18.17.10", to: "198.18.130.1:80",
+		verdict: Forward, frontend: FrontendClusterIP, endpoints: []string{"198.18.18.10:8080"}, reason: "IPVS",
+	}, {
+		name: "ITP Local without a local endpoint, IPVS, cluster-internal: rejected", svcs: map[string][]objects.Endpoint{"a": {ep("198.18.18.10", "node2", true)}}, opts: map[string][]svcOpt{"a": {itpLocal, clusterIPOnly}},
+		mode: "ipvs", from: "198.18.17.10", to: "198.18.130.1:80",
+		verdict: Reject, frontend: FrontendClusterIP, reason: "IPVS",
 	}, {
 		name: "ETP Local short-circuits a local pod", svcs: map[string][]objects.Endpoint{"a": {ep("198.18.18.10", "node2", true)}}, opts: map[string][]svcOpt{"a": {etpLocal}},
 		from: "198.18.17.10", to: "198.18.0.11:30001",

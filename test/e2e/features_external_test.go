@@ -103,7 +103,8 @@ func addLocalAddr(t *testing.T, node *netbed.Node, addr netip.Addr) {
 
 // testLoadBalancerSourceRanges: the client's first address is in
 // loadBalancerSourceRanges and is answered; its second address is not and
-// is dropped; the first is answered again afterwards. The client ignores
+// is dropped; the first is answered again afterwards. In IPVS mode the
+// node's own connection (its address out of range) is dropped too. The client ignores
 // redirects (netbed): in iptables mode the out-of-range packet is forwarded
 // back towards the on-link LB IP before filter drops it, and the node's
 // ICMPv6 redirect would otherwise misroute the client (see
@@ -128,6 +129,12 @@ func testLoadBalancerSourceRanges(t *testing.T, b *fbed, f family) {
 	// The range check is on new connections only; in-range keeps working.
 	if r := b.bed.Client().Send(context.Background(), req(echo.ProtoTCP, lb, 80)); !r.OK() {
 		t.Errorf("in-range client after the out-of-range one: %s\n%s", r, redirectState(b.bed.Client(), b.node(0), b.clientAddr(f), lb))
+	}
+	if b.mode == "ipvs" {
+		// The LB IP is node1's own (kube-ipvs0), and node1's address is
+		// out of range: its own connection is dropped, as upstream's
+		// KUBE-IPVS-OUT-FILTER drops it (IPVS takes it at LOCAL_OUT).
+		b.expectDropped(t, b.node(0).Netns, req(echo.ProtoTCP, lb, 80), f)
 	}
 }
 

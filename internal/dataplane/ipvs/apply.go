@@ -24,6 +24,10 @@ const (
 	// as kproxy and upstream keep a server that goes) is sent to another
 	// instead of refused.
 	flagMHFallback = 0x8
+	// flagMHPort (IP_VS_SVC_F_SCHED2 under mh): the hash takes the
+	// client's port too, so each connection lands anywhere. Upstream sets
+	// it for --ipvs-scheduler mh (its FlagSourceHash).
+	flagMHPort = 0x10
 )
 
 var protoNums = map[model.Protocol]uint16{model.TCP: syscall.IPPROTO_TCP, model.UDP: syscall.IPPROTO_UDP, model.SCTP: syscall.IPPROTO_SCTP}
@@ -55,7 +59,10 @@ func service(vs *virtualServer) *libipvs.Service {
 	if vs.timeout > 0 {
 		s.Flags, s.Timeout = flagPersistent, vs.timeout
 	}
-	if vs.scheduler == "mh" {
+	switch {
+	case vs.scheduler == "mh" && vs.mhPort:
+		s.Flags |= flagMHPort
+	case vs.scheduler == "mh":
 		s.Flags |= flagMHFallback
 	}
 	return s
@@ -64,7 +71,7 @@ func service(vs *virtualServer) *libipvs.Service {
 // sameService reports whether the kernel's service has what vs asks for.
 func sameService(k *libipvs.Service, vs *virtualServer) bool {
 	want := service(vs)
-	const mine = flagPersistent | flagMHFallback
+	const mine = flagPersistent | flagMHFallback | flagMHPort
 	return k.SchedName == want.SchedName && k.Flags&mine == want.Flags&mine &&
 		(want.Flags&flagPersistent == 0 || k.Timeout == want.Timeout)
 }
@@ -230,7 +237,10 @@ func (p *Proxier) retire(ks *kernelServer, vs *virtualServer) error {
 		if d == nil {
 			continue
 		}
-		if vs.key.proto == model.UDP || d.ActiveConnections+d.InactiveConnections == 0 {
+		// UDP and SCTP real servers go at once, as upstream's (a flow still
+		// on one ends at its next packet: expire_nodest_conn); TCP ones
+		// drain at weight 0 first.
+		if vs.key.proto != model.TCP || d.ActiveConnections+d.InactiveConnections == 0 {
 			if err := p.k.DelDestination(ks.svc, d); err != nil && !errors.Is(err, syscall.ENOENT) {
 				errs = append(errs, fmt.Errorf("deleting real server %s of %s: %w", r, vs.key, err))
 				continue

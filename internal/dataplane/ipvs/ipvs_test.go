@@ -235,6 +235,20 @@ func TestGracefulTermination(t *testing.T) {
 	if got := k2.reals(usvc); len(got) != 1 {
 		t.Errorf("UDP real server not deleted at once: %v", got)
 	}
+
+	// SCTP too, as upstream's (no graceful termination).
+	k3 := newFakeKernel(nodeIP)
+	p3 := newTestProxier(t, k3)
+	syncSnap(t, p3, two(model.SCTP, a, b), true)
+	ssvc := "132 198.19.0.1:80"
+	if k3.dests[ssvc] == nil {
+		t.Fatalf("no SCTP virtual server %q in %v", ssvc, slices.Collect(maps.Keys(k3.dests)))
+	}
+	k3.dests[ssvc]["198.18.64.11:80"].ActiveConnections = 3
+	syncSnap(t, p3, two(model.SCTP, a), false)
+	if got := k3.reals(ssvc); len(got) != 1 {
+		t.Errorf("SCTP real server not deleted at once: %v", got)
+	}
 }
 
 // TestExcludeCIDRs: virtual servers in excludeCIDRs are another
@@ -341,5 +355,119 @@ func TestSourceHashFallsBack(t *testing.T) {
 	}
 	if s := service(&virtualServer{scheduler: "rr"}); s.Flags&flagMHFallback != 0 {
 		t.Errorf("rr virtual server has the mh flag: %#x", s.Flags)
+	}
+}
+
+// TestLocalPolicyWithoutLocalEndpoints: as upstream's IPVS mode, a Local
+// policy's virtual servers take the cluster's endpoints when none is on this
+// node, unless the port uses no cluster endpoints at all
+// (internalTrafficPolicy Local, not externally accessible).
+func TestLocalPolicyWithoutLocalEndpoints(t *testing.T) {
+	remote := func(ip string) dptest.SvcOpt { return dptest.WithEPs(dptest.EP(ip, 80, false)) }
+	mixed := dptest.WithEPs(dptest.EP("198.18.65.14", 80, false), dptest.EP("198.18.64.14", 80, true))
+	snap := dptest.Snapshot(
+		dptest.Svc("ns", "etp", "198.19.0.4", 80, dptest.WithNodePort(30080), dptest.WithETPLocal, remote("198.18.65.12")),
+		dptest.Svc("ns", "itp-np", "198.19.0.5", 80, dptest.WithNodePort(30081), dptest.WithITPLocal, remote("198.18.65.13")),
+		dptest.Svc("ns", "itp", "198.19.0.6", 80, dptest.WithITPLocal, remote("198.18.65.15")),
+		dptest.Svc("ns", "etp-local", "198.19.0.7", 80, dptest.WithNodePort(30082), dptest.WithETPLocal, mixed),
+	)
+	d := render(testConfig(), snap.Family(model.IPv4), model.NodeInfo{Name: "node-a", Known: true}, []netip.Addr{netip.MustParseAddr(nodeIP)})
+	for _, tc := range []struct {
+		addr string
+		port uint16
+		want []string
+	}{
+		{nodeIP, 30080, []string{"198.18.65.12:80"}},
+		{"198.19.0.4", 80, []string{"198.18.65.12:80"}},
+		{"198.19.0.5", 80, []string{"198.18.65.13:80"}},
+		{nodeIP, 30081, []string{"198.18.65.13:80"}},
+		{"198.19.0.6", 80, nil},
+		{nodeIP, 30082, []string{"198.18.64.14:80"}},
+	} {
+		vs := d.servers[vsKey{addr: netip.MustParseAddr(tc.addr), proto: model.TCP, port: tc.port}]
+		if vs == nil {
+			t.Errorf("%s:%d: no virtual server", tc.addr, tc.port)
+			continue
+		}
+		var got []string
+		for _, r := range vs.reals {
+			got = append(got, r.String())
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s:%d: real servers %v, want %v", tc.addr, tc.port, got, tc.want)
+		}
+	}
+}
+
+// TestNodeAddressNotBound: an externalIP or LoadBalancer IP that is an
+// address of the node gets its virtual server but is not bound to
+// kube-ipvs0 (nor in KUBE-IPVS-IPS), as upstream's: bound, the node would
+// refuse its other ports.
+func TestNodeAddressNotBound(t *testing.T) {
+	snap := dptest.Snapshot(
+		dptest.Svc("ns", "ext", "198.19.0.6", 80, dptest.WithExternalIPs(nodeIP, "198.19.50.1"), dptest.WithEPs(dptest.EP("198.18.64.14", 80, false))),
+		dptest.Svc("ns", "lb", "198.19.0.7", 81, dptest.WithLB("198.18.0.12"), dptest.WithEPs(dptest.EP("198.18.64.15", 80, false))),
+	)
+	local := []netip.Addr{netip.MustParseAddr(nodeIP), netip.MustParseAddr("198.18.0.12"), netip.MustParseAddr("127.0.0.1")}
+	d := render(testConfig(), snap.Family(model.IPv4), model.NodeInfo{Name: "node-a", Known: true}, local)
+	for addr, port := range map[string]uint16{nodeIP: 80, "198.18.0.12": 81, "198.19.50.1": 80} {
+		if d.servers[vsKey{addr: netip.MustParseAddr(addr), proto: model.TCP, port: port}] == nil {
+			t.Errorf("no virtual server %s:%d", addr, port)
+		}
+	}
+	var bound []string
+	for a := range d.bound {
+		bound = append(bound, a.String())
+	}
+	slices.Sort(bound)
+	if want := []string{"198.19.0.6", "198.19.0.7", "198.19.50.1"}; !slices.Equal(bound, want) {
+		t.Errorf("bound %v, want %v", bound, want)
+	}
+	if ips := slices.Sorted(maps.Keys(d.sets[setIPVSIPs])); !slices.Equal(ips, []string{"198.19.0.6", "198.19.0.7", "198.19.50.1"}) {
+		t.Errorf("%s holds %v", setIPVSIPs, ips)
+	}
+}
+
+// TestConfiguredMHHashesPorts: --ipvs-scheduler mh gets upstream's flag,
+// mh-port (its FlagSourceHash), not kproxy's source-hash mh-fallback.
+func TestConfiguredMHHashesPorts(t *testing.T) {
+	cfg := testConfig()
+	cfg.IPVS.Scheduler = "mh"
+	snap := dptest.Snapshot(
+		dptest.Svc("ns", "plain", "198.19.0.1", 80, dptest.WithEPs(dptest.EP("198.18.64.10", 8080, false))),
+		dptest.Svc("ns", "sh", "198.19.0.2", 80, dptest.WithBalancing(model.BalanceSourceHash), dptest.WithEPs(dptest.EP("198.18.64.11", 8080, false))),
+	)
+	d := render(cfg, snap.Family(model.IPv4), model.NodeInfo{Name: "node-a", Known: true}, nil)
+	for addr, want := range map[string]uint32{"198.19.0.1": flagMHPort, "198.19.0.2": flagMHFallback} {
+		vs := d.servers[vsKey{addr: netip.MustParseAddr(addr), proto: model.TCP, port: 80}]
+		if s := service(vs); s.SchedName != "mh" || s.Flags&(flagMHPort|flagMHFallback) != want {
+			t.Errorf("%s: scheduler %q flags %#x, want mh with %#x", addr, s.SchedName, s.Flags, want)
+		}
+		if !sameService(service(vs), vs) {
+			t.Errorf("%s: the kernel's copy of its own service differs", addr)
+		}
+	}
+}
+
+// TestNoLocalDetection: without a way to tell local traffic (no cluster
+// CIDR of the family), the node's own connections with a Service IP as
+// source are masqueraded, as upstream's; with one, traffic from outside
+// the cluster is.
+func TestNoLocalDetection(t *testing.T) {
+	snap := featureSnapshot()
+	for _, tc := range []struct {
+		name  string
+		cidrs []netip.Prefix
+		want  string
+	}{
+		{"none", nil, "-m set --match-set KUBE-CLUSTER-IP src,dst -j MARK --or-mark 0x4000"},
+		{"cluster CIDR", dptest.Config().ClusterCIDRs, "-m set --match-set KUBE-CLUSTER-IP dst,dst ! -s " + dptest.ClusterNet.String() + " -j MARK --or-mark 0x4000"},
+	} {
+		cfg := testConfig()
+		cfg.ClusterCIDRs = tc.cidrs
+		d := render(cfg, snap.Family(model.IPv4), model.NodeInfo{Name: "node-a", Known: true}, nil)
+		if !strings.Contains(d.rules, tc.want) {
+			t.Errorf("%s: rules lack %q:\n%s", tc.name, tc.want, d.rules)
+		}
 	}
 }

@@ -30,6 +30,10 @@ func compareKeys(a, b vsKey) int {
 type virtualServer struct {
 	key       vsKey
 	scheduler string
+	// mhPort is set when mh is --ipvs-scheduler's: upstream then hashes the
+	// client's port too (the mh-port flag). kproxy's own source-hash
+	// balancing and the scheduler annotation use mh-fallback instead.
+	mhPort bool
 	// timeout is the persistence (ClientIP affinity) in seconds; 0 is none.
 	timeout uint32
 	reals   []netip.AddrPort // sorted, unique
@@ -52,7 +56,14 @@ type renderer struct {
 	fam       model.Family
 	node      model.NodeInfo
 	nodeAddrs []netip.Addr // the node's addresses that take NodePorts
-	d         *desired
+	// local holds every local address (not kube-ipvs0's): an externalIP
+	// or LoadBalancer IP among them is not bound to kube-ipvs0.
+	local map[netip.Addr]bool
+	// noNodeAccess are the LoadBalancer frontends whose source ranges
+	// leave out this node's IP, sorted: the node's own connections to them
+	// are dropped (KUBE-IPVS-OUT-FILTER).
+	noNodeAccess []vsKey
+	d            *desired
 }
 
 // render computes the desired state of one family. nodeAddrs are the
@@ -67,12 +78,18 @@ func render(cfg dataplane.Config, fs *model.FamilySnapshot, node model.NodeInfo,
 		r.d.sets[s.name] = map[string]bool{}
 	}
 	r.nodeAddrs = dataplane.NodePortAddrs(cfg, fs.Family, nodeAddrs)
+	r.local = make(map[netip.Addr]bool, len(nodeAddrs))
+	for _, a := range nodeAddrs {
+		r.local[a.Unmap()] = true
+	}
 	for _, sp := range fs.Ports {
 		r.port(sp)
 	}
 	for a := range r.d.bound {
 		r.member(setIPVSIPs, a.String())
 	}
+	slices.SortFunc(r.noNodeAccess, compareKeys)
+	r.noNodeAccess = slices.Compact(r.noNodeAccess)
 	r.d.rules = r.iptablesRules()
 	return r.d
 }
@@ -89,25 +106,28 @@ func entry(a netip.Addr, proto model.Protocol, port uint16) string {
 func (r *renderer) port(sp *model.ServicePort) {
 	internal := sp.ClusterEndpoints
 	if sp.InternalPolicyLocal {
-		internal = sp.LocalEndpoints
+		internal = localOrCluster(sp)
 	}
 	external := sp.ClusterEndpoints
 	if sp.ExternalPolicyLocal {
-		external = sp.LocalEndpoints
+		external = localOrCluster(sp)
 	}
 	if sp.ClusterIP.IsValid() {
 		r.server(sp, sp.ClusterIP, sp.Port, internal, true)
 		r.member(setClusterIP, entry(sp.ClusterIP, sp.Protocol, sp.Port))
 	}
+	// An externalIP or LoadBalancer IP that is already an address of this
+	// node stays where it is, as upstream's: bound to kube-ipvs0 (and so in
+	// KUBE-IPVS-IPS) it would have the node refuse its other ports.
 	for _, ip := range sp.ExternalIPs {
-		r.server(sp, ip, sp.Port, external, true)
+		r.server(sp, ip, sp.Port, external, !r.local[ip])
 		r.member(setExternalIP, entry(ip, sp.Protocol, sp.Port))
 		if sp.ExternalPolicyLocal {
 			r.member(setExternalIPLocal, entry(ip, sp.Protocol, sp.Port))
 		}
 	}
 	for _, ip := range sp.LoadBalancerIPs {
-		r.server(sp, ip, sp.Port, external, true)
+		r.server(sp, ip, sp.Port, external, !r.local[ip])
 		r.member(setLoadBalancer, entry(ip, sp.Protocol, sp.Port))
 		if sp.ExternalPolicyLocal {
 			r.member(setLoadBalancerLocal, entry(ip, sp.Protocol, sp.Port))
@@ -116,6 +136,9 @@ func (r *renderer) port(sp *model.ServicePort) {
 			r.member(setLoadBalancerFW, entry(ip, sp.Protocol, sp.Port))
 			for _, src := range sp.SourceRanges {
 				r.member(setLoadBalancerSourceCIDR, entry(ip, sp.Protocol, sp.Port)+","+netString(src))
+			}
+			if !r.nodeAllowed(sp.SourceRanges) {
+				r.noNodeAccess = append(r.noNodeAccess, vsKey{addr: ip, proto: sp.Protocol, port: sp.Port})
 			}
 		}
 	}
@@ -127,6 +150,9 @@ func (r *renderer) port(sp *model.ServicePort) {
 		if sp.ExternalPolicyLocal {
 			r.nodePortMember(nodePortSet(sp.Protocol, true), sp)
 		}
+	}
+	if sp.HealthCheckNodePort != 0 {
+		r.member(setHealthCheck, fmt.Sprint(sp.HealthCheckNodePort))
 	}
 	// Hairpin: a local endpoint reaching itself through the Service is
 	// masqueraded, so the reply comes back through IPVS.
@@ -151,11 +177,38 @@ func (r *renderer) nodePortMember(set string, sp *model.ServicePort) {
 	}
 }
 
+// nodeAllowed reports whether loadBalancerSourceRanges let this node's own
+// connections in, as upstream decides it: a range holds the node's IP of
+// the family.
+func (r *renderer) nodeAllowed(ranges []netip.Prefix) bool {
+	for _, ip := range r.cfg.NodeIPs {
+		if model.FamilyOf(ip) == r.fam && slices.ContainsFunc(ranges, func(p netip.Prefix) bool { return p.Contains(ip) }) {
+			return true
+		}
+	}
+	return false
+}
+
+// localOrCluster is the real servers of a virtual server under a Local
+// policy, as upstream's IPVS mode picks them: the node's local endpoints,
+// or the cluster's when it has none (kubernetes PR 97081: pods and the node
+// itself keep reaching the Service; an external client's reply comes from
+// the endpoint's address and is lost). ClusterEndpoints is nil for a port
+// that uses none (internalTrafficPolicy Local and not externally
+// accessible), so such a virtual server stays empty.
+func localOrCluster(sp *model.ServicePort) []*model.Endpoint {
+	if len(sp.LocalEndpoints) > 0 {
+		return sp.LocalEndpoints
+	}
+	return sp.ClusterEndpoints
+}
+
 // server adds a virtual server at addr:port with the endpoints eps; bind
 // puts addr on kube-ipvs0.
 func (r *renderer) server(sp *model.ServicePort, addr netip.Addr, port uint16, eps []*model.Endpoint, bind bool) {
 	k := vsKey{addr: addr, proto: sp.Protocol, port: port}
 	vs := &virtualServer{key: k, scheduler: scheduler(sp, r.cfg.IPVS.Scheduler), owner: sp.ID}
+	vs.mhPort = vs.scheduler == "mh" && sp.Scheduler == "" && sp.Balancing.IPVSScheduler() == ""
 	if sp.AffinityTimeout > 0 {
 		vs.timeout = uint32(sp.AffinityTimeout)
 	}

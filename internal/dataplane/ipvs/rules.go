@@ -2,6 +2,7 @@ package ipvs
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/kproxy/kproxy/internal/dataplane"
@@ -23,6 +24,10 @@ const (
 	setLoadBalancerFW         = "KUBE-LOAD-BALANCER-FW"
 	setLoadBalancerSourceCIDR = "KUBE-LOAD-BALANCER-SOURCE-CIDR"
 	setIPVSIPs                = "KUBE-IPVS-IPS"
+	// setHealthCheck holds the health-check node ports, which
+	// KUBE-IPVS-FILTER lets through to a Service IP too (a cloud load
+	// balancer may probe the LoadBalancer IP itself).
+	setHealthCheck = "KUBE-HEALTH-CHECK-NODE-PORT"
 )
 
 // setSpec is an ip set: name (IPv4 form) and type.
@@ -39,6 +44,7 @@ var setSpecs = func() []setSpec {
 		{setLoadBalancerFW, "hash:ip,port"},
 		{setLoadBalancerSourceCIDR, "hash:ip,port,net"},
 		{setIPVSIPs, "hash:ip"},
+		{setHealthCheck, "bitmap:port"},
 	}
 	for _, p := range protocols {
 		typ := "bitmap:port"
@@ -98,6 +104,10 @@ const (
 	chainMarkMasq     = "KUBE-MARK-MASQ"
 	chainForward      = "KUBE-FORWARD"
 	chainIPVSFilter   = "KUBE-IPVS-FILTER"
+	// chainIPVSOutFilter drops the node's own connections to LoadBalancer
+	// IPs whose source ranges leave the node out: IPVS takes them at
+	// LOCAL_OUT, so KUBE-IPVS-FILTER (INPUT) never sees them.
+	chainIPVSOutFilter = "KUBE-IPVS-OUT-FILTER"
 )
 
 // jump is a rule in a built-in chain that sends packets to one of ours.
@@ -110,6 +120,7 @@ var jumps = []jump{
 	{"nat", "POSTROUTING", `-m comment --comment "kubernetes postrouting rules" -j ` + chainPostrouting},
 	{"filter", "INPUT", `-m comment --comment "kubernetes ipvs access filter" -j ` + chainIPVSFilter},
 	{"filter", "FORWARD", `-m comment --comment "kubernetes forwarding rules" -j ` + chainForward},
+	{"filter", "OUTPUT", `-m comment --comment "kubernetes ipvs access filter" -j ` + chainIPVSOutFilter},
 }
 
 // iptablesRules is the iptables-restore --noflush input of the family: the
@@ -152,9 +163,17 @@ func (r *renderer) iptablesRules() string {
 	if r.cfg.MasqueradeAll {
 		m = ""
 	}
-	if m != "" || r.cfg.MasqueradeAll {
+	switch {
+	case m != "" || r.cfg.MasqueradeAll:
 		rule(chainServices, `-m comment --comment "Kubernetes service cluster ip + port for masquerade purpose"`,
 			"-m set --match-set", set(setClusterIP), "dst,dst", m, "-j", masq)
+	default:
+		// No local-traffic detection: as upstream's, masquerade the node's
+		// own connections whose source is a Service IP (kube-ipvs0 holds
+		// them all, so a connection to a ClusterIP may pick one as its
+		// source), which the endpoint could not answer otherwise.
+		rule(chainServices, `-m comment --comment "Kubernetes service cluster ip + port for masquerade purpose"`,
+			"-m set --match-set", set(setClusterIP), "src,dst -j", masq)
 	}
 	rule(chainServices, `-m comment --comment "Kubernetes service external ip + port for masquerade and filter purpose"`,
 		"-m set --match-set", set(setExternalIP), "dst,dst -m set ! --match-set", set(setExternalIPLocal), "dst,dst -j", masq)
@@ -180,10 +199,9 @@ func (r *renderer) iptablesRules() string {
 	rule(chainPostrouting, `-m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully`)
 	rule(chainMarkMasq, "-j MARK --or-mark", mark)
 	b.WriteString("COMMIT\n*filter\n")
-	for _, c := range []string{chainForward, chainIPVSFilter} {
+	for _, c := range []string{chainForward, chainIPVSFilter, chainIPVSOutFilter} {
 		b.WriteString(":" + c + " - [0:0]\n")
 	}
-	rule(chainForward, "-m conntrack --ctstate INVALID -j DROP")
 	rule(chainForward, `-m comment --comment "kubernetes forwarding rules" -m mark --mark`, mark+"/"+mark, "-j ACCEPT")
 	rule(chainForward, `-m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT`)
 	rule(chainIPVSFilter, "-m set --match-set", set(setLoadBalancerFW), "dst,dst -m set ! --match-set",
@@ -191,7 +209,15 @@ func (r *renderer) iptablesRules() string {
 	for _, s := range []string{setLoadBalancer, setClusterIP, setExternalIP} {
 		rule(chainIPVSFilter, "-m set --match-set", set(s), "dst,dst -j RETURN")
 	}
+	rule(chainIPVSFilter, "-m set --match-set", set(setHealthCheck), "dst -j RETURN")
 	rule(chainIPVSFilter, "-m conntrack --ctstate NEW -m set --match-set", set(setIPVSIPs), "dst -j REJECT")
+	// The node's connection to a LoadBalancer IP on kube-ipvs0 has that IP
+	// as its source; after IPVS its destination is the endpoint, so the
+	// rule matches the virtual service.
+	for _, k := range r.noNodeAccess {
+		rule(chainIPVSOutFilter, "-s", k.addr.String(), "-m ipvs --vaddr", k.addr.String(), "--vproto",
+			strings.ToLower(string(k.proto)), "--vport", strconv.Itoa(int(k.port)), "-j DROP")
+	}
 	b.WriteString("COMMIT\n")
 	return b.String()
 }
