@@ -30,7 +30,7 @@ func registerBuildInfo(reg k8smetrics.KubeRegistry, version string) {
 	g := k8smetrics.NewGaugeVec(&k8smetrics.GaugeOpts{
 		Name:           "kubernetes_build_info",
 		Help:           "A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running.",
-		StabilityLevel: k8smetrics.ALPHA,
+		StabilityLevel: k8smetrics.BETA,
 	}, []string{"major", "minor", "git_version", "git_commit", "git_tree_state", "build_date", "go_version", "compiler", "platform"})
 	reg.MustRegister(g)
 	major, minor := majorMinor(version)

@@ -276,6 +276,16 @@ func TestObserveSync(t *testing.T) {
 			mode: ModeIPTables,
 			r:    SyncResult{Family: model.IPv6, Full: true, End: end, Err: errors.New("x")},
 			want: map[string]float64{"kubeproxy_sync_proxy_rules_iptables_restore_failures_total": 1},
+			none: []string{"kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total"},
+		},
+		{
+			name: "iptables partial failure",
+			mode: ModeIPTables,
+			r:    SyncResult{Family: model.IPv4, End: end, Err: errors.New("x")},
+			want: map[string]float64{
+				"kubeproxy_sync_proxy_rules_iptables_restore_failures_total":         1,
+				"kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total": 1,
+			},
 		},
 		{
 			name: "ipvs has no full histogram",

@@ -29,7 +29,8 @@ type SyncResult struct {
 
 // ObserveSync records one sync attempt: its duration always; on failure the
 // mode's failure counter (nftables: nftables_sync_failures_total; iptables
-// and ipvs: iptables_restore_failures_total); on success the last-sync
+// and ipvs: iptables_restore_failures_total, and in iptables mode for a
+// partial sync iptables_partial_restore_failures_total); on success the last-sync
 // timestamp, the network programming latency of each trigger time and the
 // services without local endpoints.
 func (m *Metrics) ObserveSync(r SyncResult) {
@@ -38,7 +39,7 @@ func (m *Metrics) ObserveSync(r SyncResult) {
 	}
 	m.SyncDuration(r.Family, r.Full, r.Duration)
 	if r.Err != nil {
-		m.syncFailed(r.Family)
+		m.syncFailed(r.Family, r.Full)
 		return
 	}
 	programmed := r.Programmed
@@ -57,11 +58,16 @@ func (m *Metrics) ObserveSync(r SyncResult) {
 	}
 }
 
-func (m *Metrics) syncFailed(f model.Family) {
+func (m *Metrics) syncFailed(f model.Family, full bool) {
 	switch m.mode {
 	case ModeNFTables:
 		m.NFTablesSyncFailed(f)
 	case ModeIPTables, ModeIPVS:
 		m.IPTablesRestoreFailed(f)
+	}
+	if m.mode == ModeIPTables && !full {
+		// As upstream's iptables mode: every failed partial sync counts
+		// (the next sync is a full one).
+		m.IPTablesPartialRestoreFailed(f)
 	}
 }
