@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kproxy/kproxy/internal/model"
 	"github.com/kproxy/kproxy/internal/objects"
 	"github.com/kproxy/kproxy/internal/source"
 )
@@ -95,7 +96,11 @@ func (t *Tracker) putSlice(old, es *objects.EndpointSlice) bool {
 	}
 	t.setSlices(sk, with(t.bySvc[sk], es))
 	if at, ok := t.triggerTime(es); ok {
-		p.triggers = append(p.triggers, trigger{at: at, gen: t.gen + 1})
+		fam := model.IPv4
+		if es.AddressType == objects.AddressTypeIPv6 {
+			fam = model.IPv6
+		}
+		p.triggers = append(p.triggers, trigger{at: at, gen: t.gen + 1, fam: fam})
 	}
 	changed := t.recheck(sk, p)
 	if oldP != nil {

@@ -71,18 +71,13 @@ type Batch struct {
 	// changes pending for it (only those later than the Tracker's start), for
 	// the network programming duration metric.
 	TriggerTimes map[objects.Key][]time.Time
+	// FamilyTriggerTimes holds the same trigger times by the address
+	// family of their EndpointSlice: upstream observes each under its own
+	// family's network programming duration.
+	FamilyTriggerTimes map[model.Family][]time.Time
 
 	// gen is the Tracker's event generation at Take.
 	gen uint64
-}
-
-// AllTriggerTimes returns every trigger time in b, in no particular order.
-func (b *Batch) AllTriggerTimes() []time.Time {
-	var out []time.Time
-	for _, ts := range b.TriggerTimes {
-		out = append(out, ts...)
-	}
-	return out
 }
 
 // pendingService is a Service with changes not yet synced: its state at the
@@ -99,6 +94,7 @@ type pendingService struct {
 type trigger struct {
 	at  time.Time
 	gen uint64
+	fam model.Family // the slice's address family
 }
 
 // Tracker is the change tracker; it implements source.Handler. All methods
@@ -229,12 +225,14 @@ func (t *Tracker) newBatch() *Batch {
 		NodeChanged:         t.nodePending,
 		ServiceCIDRsChanged: t.cidrsPending,
 		TriggerTimes:        map[objects.Key][]time.Time{},
+		FamilyTriggerTimes:  map[model.Family][]time.Time{},
 		gen:                 t.gen,
 	}
 	for k, p := range t.pending {
 		b.Changed[k] = struct{}{}
 		for _, tr := range p.triggers {
 			b.TriggerTimes[k] = append(b.TriggerTimes[k], tr.at)
+			b.FamilyTriggerTimes[tr.fam] = append(b.FamilyTriggerTimes[tr.fam], tr.at)
 		}
 	}
 	return b

@@ -11,6 +11,7 @@ import (
 
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/kproxy/kproxy/internal/model"
 	"github.com/kproxy/kproxy/internal/objects"
 	"github.com/kproxy/kproxy/internal/source"
 )
@@ -213,8 +214,11 @@ func TestTrackerTriggerTimes(t *testing.T) {
 	if got := b.TriggerTimes[key("a")]; !slices.Equal(got, []time.Time{t1}) {
 		t.Errorf("a's trigger times = %v, want [%v]", got, t1)
 	}
-	if _, ok := b.TriggerTimes[key("b")]; ok || len(b.AllTriggerTimes()) != 1 {
+	if _, ok := b.TriggerTimes[key("b")]; ok || len(b.TriggerTimes) != 1 {
 		t.Errorf("trigger times = %v", b.TriggerTimes)
+	}
+	if got := b.FamilyTriggerTimes; len(got) != 1 || !slices.Equal(got[model.IPv4], []time.Time{t1}) {
+		t.Errorf("trigger times by family = %v, want IPv4 [%v]", got, t1)
 	}
 	tr.Done(b, true)
 	b = tr.Take()
@@ -227,6 +231,21 @@ func TestTrackerTriggerTimes(t *testing.T) {
 	tr.Done(b, true)
 	if b = tr.Take(); len(b.TriggerTimes) != 0 {
 		t.Errorf("trigger times after success = %v", b.TriggerTimes)
+	}
+}
+
+// TestTrackerTriggerTimesByFamily: each trigger time counts under its
+// slice's address family, as upstream's per-family proxiers observe them.
+func TestTrackerTriggerTimesByFamily(t *testing.T) {
+	tr := newTestTracker()
+	t1, t2 := t0.Add(time.Second), t0.Add(2*time.Second)
+	tr.OnSlice(withTrigger(slice("s4", "a", "1", "198.18.1.1"), t1))
+	s6 := withTrigger(slice("s6", "a", "1", "fd00::1"), t2)
+	s6.AddressType = objects.AddressTypeIPv6
+	tr.OnSlice(s6)
+	b := tr.Take()
+	if got := b.FamilyTriggerTimes; !slices.Equal(got[model.IPv4], []time.Time{t1}) || !slices.Equal(got[model.IPv6], []time.Time{t2}) {
+		t.Errorf("trigger times by family = %v, want IPv4 [%v] and IPv6 [%v]", got, t1, t2)
 	}
 }
 

@@ -28,8 +28,9 @@ type Batch struct {
 	// (Input.ServiceCIDRs holds them all).
 	ServiceCIDRsChanged bool
 	// TriggerTimes are the last-change-trigger-times of the changed
-	// EndpointSlices and Services, for the network programming latency.
-	TriggerTimes []time.Time
+	// EndpointSlices, by their address family, for the network programming
+	// latency.
+	TriggerTimes map[model.Family][]time.Time
 
 	// orig is the tracker's own batch, handed back on Done.
 	orig any
@@ -112,7 +113,7 @@ type SyncReport struct {
 	Snapshot *model.Snapshot
 	// Pending is how many Services had pending changes in this sync.
 	Pending      int
-	TriggerTimes []time.Time
+	TriggerTimes map[model.Family][]time.Time
 	Conntrack    []conntrack.Result
 	// Rules are the backend's rule counts after a successful sync (iptables
 	// mode; nil for the others).

@@ -108,15 +108,14 @@ func (o *serverObserver) Queued(fams []model.Family) {
 }
 
 func (o *serverObserver) Synced(r SyncReport) {
-	for i, f := range r.Families {
+	for _, f := range r.Families {
 		res := metrics.SyncResult{Family: f, Full: r.Full, Duration: r.Duration, End: r.Start.Add(r.Duration), Programmed: r.Programmed, Err: r.Err}
 		if r.Snapshot != nil {
 			res.Snapshot = r.Snapshot.Family(f)
 		}
-		if i == 0 {
-			// Trigger times are per change, not per family: count them once.
-			res.TriggerTimes = r.TriggerTimes
-		}
+		// Each slice's trigger time counts under its own family, as
+		// upstream's per-family proxiers observe them.
+		res.TriggerTimes = r.TriggerTimes[f]
 		o.metrics.ObserveSync(res)
 		if r.Err != nil || r.Snapshot == nil {
 			continue
