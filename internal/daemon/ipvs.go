@@ -59,7 +59,7 @@ func kernelIPVSSupport(scheduler string) []string {
 	if !moduleLoaded("ip_vs", "/proc/net/ip_vs") {
 		return append(missing, "kernel module ip_vs (no /proc/net/ip_vs, modprobe ip_vs failed)")
 	}
-	if !schedulerAvailable("ip_vs_" + scheduler) {
+	if !moduleLoaded("ip_vs_"+scheduler, "/sys/module/ip_vs_"+scheduler) {
 		missing = append(missing, "kernel module ip_vs_"+scheduler+" (scheduler "+scheduler+")")
 	}
 	if _, err := os.Stat("/proc/sys/net/ipv4/vs/conntrack"); err != nil {
@@ -71,10 +71,15 @@ func kernelIPVSSupport(scheduler string) []string {
 	return missing
 }
 
-// moduleLoaded reports whether path exists, trying modprobe module once
-// when it does not (a module built into the kernel has the path already).
+// moduleLoaded reports whether path exists, or the kernel has module built
+// in (modules.builtin: a built-in module without parameters, such as
+// ip_vs_rr, has no /sys/module entry), trying modprobe module once when
+// neither holds. Upstream tries a virtual server with the scheduler instead.
 func moduleLoaded(module, path string) bool {
 	if _, err := os.Stat(path); err == nil {
+		return true
+	}
+	if builtinModule(module) {
 		return true
 	}
 	if _, err := exec.Command("modprobe", module).CombinedOutput(); err != nil {
@@ -84,27 +89,19 @@ func moduleLoaded(module, path string) bool {
 	return err == nil
 }
 
-// schedulerAvailable reports whether the kernel has the scheduler module:
-// loaded (/sys/module), built in (modules.builtin: a built-in module
-// without parameters has no /sys/module entry; ip_vs_rr is one), or
-// loaded now by modprobe (which also succeeds for a built-in one).
-// Upstream tries a virtual server with the scheduler instead.
-func schedulerAvailable(module string) bool {
-	if _, err := os.Stat("/sys/module/" + module); err == nil {
-		return true
-	}
+// builtinModule reports whether the running kernel's modules.builtin lists
+// module.
+func builtinModule(module string) bool {
 	var u unix.Utsname
-	if unix.Uname(&u) == nil {
-		if f, err := os.Open("/lib/modules/" + unix.ByteSliceToString(u.Release[:]) + "/modules.builtin"); err == nil {
-			found := listsBuiltin(f, module)
-			f.Close()
-			if found {
-				return true
-			}
-		}
+	if unix.Uname(&u) != nil {
+		return false
 	}
-	_, err := exec.Command("modprobe", module).CombinedOutput()
-	return err == nil
+	f, err := os.Open("/lib/modules/" + unix.ByteSliceToString(u.Release[:]) + "/modules.builtin")
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	return listsBuiltin(f, module)
 }
 
 // listsBuiltin reports whether a modules.builtin file (one path per line,
