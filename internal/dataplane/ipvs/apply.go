@@ -59,13 +59,22 @@ func service(vs *virtualServer) *libipvs.Service {
 	if vs.timeout > 0 {
 		s.Flags, s.Timeout = flagPersistent, vs.timeout
 	}
-	switch {
-	case vs.scheduler == "mh" && vs.mhPort:
-		s.Flags |= flagMHPort
-	case vs.scheduler == "mh":
-		s.Flags |= flagMHFallback
-	}
+	flag, _ := vs.mhFlag()
+	s.Flags |= flag
 	return s
+}
+
+// mhFlag is the virtual server's mh scheduler flag and its ipvsadm name
+// (0 and "" under another scheduler).
+func (vs *virtualServer) mhFlag() (uint32, string) {
+	switch {
+	case vs.scheduler != "mh":
+		return 0, ""
+	case vs.mhPort:
+		return flagMHPort, "mh-port"
+	default:
+		return flagMHFallback, "mh-fallback"
+	}
 }
 
 // sameService reports whether the kernel's service has what vs asks for.

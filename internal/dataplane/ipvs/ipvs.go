@@ -320,11 +320,8 @@ func dryRunText(d *desired) string {
 		}
 		addr := netip.AddrPortFrom(vs.key.addr, vs.key.port).String()
 		fmt.Fprintf(&b, "-A %s %s -s %s", flag, addr, vs.scheduler)
-		switch {
-		case vs.scheduler == "mh" && vs.mhPort:
-			b.WriteString(" -b mh-port")
-		case vs.scheduler == "mh":
-			b.WriteString(" -b mh-fallback")
+		if _, name := vs.mhFlag(); name != "" {
+			b.WriteString(" -b " + name)
 		}
 		if vs.timeout > 0 {
 			fmt.Fprintf(&b, " -p %d", vs.timeout)
