@@ -66,15 +66,12 @@ type Batch struct {
 	// ServiceCIDRsChanged is true when the ServiceCIDR objects differ from
 	// the last successful sync (one added, changed or deleted).
 	ServiceCIDRsChanged bool
-	// TriggerTimes holds, per changed Service, the
-	// endpoints.kubernetes.io/last-change-trigger-time of the EndpointSlice
-	// changes pending for it (only those later than the Tracker's start), for
-	// the network programming duration metric.
-	TriggerTimes map[objects.Key][]time.Time
-	// FamilyTriggerTimes holds the same trigger times by the address
-	// family of their EndpointSlice: upstream observes each under its own
-	// family's network programming duration.
-	FamilyTriggerTimes map[model.Family][]time.Time
+	// TriggerTimes holds the endpoints.kubernetes.io/last-change-trigger-time
+	// of the EndpointSlice changes pending for the changed Services (only
+	// those later than the Tracker's start), for the network programming
+	// duration metric, by the address family of their slice: upstream
+	// observes each under its own family.
+	TriggerTimes map[model.Family][]time.Time
 
 	// gen is the Tracker's event generation at Take.
 	gen uint64
@@ -224,15 +221,13 @@ func (t *Tracker) newBatch() *Batch {
 		Changed:             make(map[objects.Key]struct{}, len(t.pending)),
 		NodeChanged:         t.nodePending,
 		ServiceCIDRsChanged: t.cidrsPending,
-		TriggerTimes:        map[objects.Key][]time.Time{},
-		FamilyTriggerTimes:  map[model.Family][]time.Time{},
+		TriggerTimes:        map[model.Family][]time.Time{},
 		gen:                 t.gen,
 	}
 	for k, p := range t.pending {
 		b.Changed[k] = struct{}{}
 		for _, tr := range p.triggers {
-			b.TriggerTimes[k] = append(b.TriggerTimes[k], tr.at)
-			b.FamilyTriggerTimes[tr.fam] = append(b.FamilyTriggerTimes[tr.fam], tr.at)
+			b.TriggerTimes[tr.fam] = append(b.TriggerTimes[tr.fam], tr.at)
 		}
 	}
 	return b

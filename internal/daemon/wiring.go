@@ -111,7 +111,7 @@ func (a trackerAdapter) Take() *Batch {
 	return &Batch{
 		Input: cb.Input, Changed: cb.Changed, NodeChanged: cb.NodeChanged,
 		ServiceCIDRsChanged: cb.ServiceCIDRsChanged,
-		TriggerTimes:        cb.FamilyTriggerTimes, orig: cb,
+		TriggerTimes:        cb.TriggerTimes, orig: cb,
 	}
 }
 
