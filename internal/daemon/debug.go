@@ -26,8 +26,8 @@ func (d *daemon) debugServer(addr string) (Server, Observer) {
 // ChangeObserver, for the pending counts.
 type debugObserver struct{ rec *inspect.Recorder }
 
-func (debugObserver) Started([]model.Family, model.NodeInfo) {}
-func (debugObserver) Queued([]model.Family)                  {}
+func (debugObserver) Started([]model.Family) {}
+func (debugObserver) Queued([]model.Family)  {}
 func (o debugObserver) Synced(r SyncReport) {
 	s := inspect.Sync{Time: r.Start, Duration: r.Duration, Full: r.Full, Reason: r.Reason, Changed: r.Pending}
 	if r.Err != nil {

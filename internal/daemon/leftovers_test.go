@@ -118,9 +118,9 @@ type changeCounter struct {
 	services int
 }
 
-func (*changeCounter) Started([]model.Family, model.NodeInfo) {}
-func (*changeCounter) Queued([]model.Family)                  {}
-func (*changeCounter) Synced(SyncReport)                      {}
+func (*changeCounter) Started([]model.Family) {}
+func (*changeCounter) Queued([]model.Family)  {}
+func (*changeCounter) Synced(SyncReport)      {}
 func (c *changeCounter) ServiceChanged(int) {
 	c.mu.Lock()
 	c.services++

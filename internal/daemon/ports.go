@@ -130,10 +130,10 @@ type SyncReport struct {
 // Observer is told what the sync loop does; the health and metrics servers
 // implement it through adapters.
 type Observer interface {
-	// Started is called once when the sync loop starts, with what is known
-	// of this node then (the health server answers for it from then on, as
-	// upstream's does, not only after the first sync).
-	Started(fams []model.Family, node model.NodeInfo)
+	// Started is called once when the sync loop starts (the health server
+	// judges the families from then on, as upstream's does, not only after
+	// the first sync).
+	Started(fams []model.Family)
 	// Queued is called when a change is waiting to be programmed.
 	Queued(fams []model.Family)
 	// Synced is called after every sync attempt.
@@ -149,9 +149,9 @@ type Server interface {
 // observers fans events out to several Observers.
 type observers []Observer
 
-func (os observers) Started(fams []model.Family, node model.NodeInfo) {
+func (os observers) Started(fams []model.Family) {
 	for _, o := range os {
-		o.Started(fams, node)
+		o.Started(fams)
 	}
 }
 

@@ -37,7 +37,7 @@ func (d *daemon) serve(ctx context.Context) error {
 	if err := d.startServers(ctx, &wg); err != nil {
 		return err
 	}
-	d.obs.Started(d.fams, model.NodeInfoOf(d.nodeName, d.peekNode()))
+	d.obs.Started(d.fams)
 	wg.Go(func() { d.runner.Run(ctx) })
 	if d.o.ConfigFile != "" {
 		// Upstream fails to start without the watch; kproxy runs on
@@ -101,7 +101,7 @@ func (d *daemon) startServers(ctx context.Context, wg *sync.WaitGroup) error {
 	servers, obs, err := d.env.servers(ServerParams{
 		Options: d.o, NodeName: d.nodeName, Mode: d.mode, Families: d.fams,
 		NodePortAddresses: d.dpCfg.NodePortAddresses, NodeOptional: !d.inputs.NodeExpected,
-		Node:           func() model.NodeInfo { return model.NodeInfoOf(d.nodeName, d.inputs.Tracker.Node()) },
+		Node:           func() model.NodeInfo { return model.NodeInfoOf(d.nodeName, d.peekNode()) },
 		ServiceTraffic: trafficRead, Relays: relayReader(d.dp),
 	})
 	if err != nil {

@@ -91,7 +91,7 @@ func (o *serverObserver) ChangesPending(services, endpoints int) {
 	o.metrics.ChangesPending(services, endpoints)
 }
 
-func (o *serverObserver) Started(fams []model.Family, _ model.NodeInfo) {
+func (o *serverObserver) Started(fams []model.Family) {
 	now := time.Now()
 	for _, f := range fams {
 		o.health.Updated(f)

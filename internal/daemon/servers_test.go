@@ -34,7 +34,7 @@ func TestHealthBeforeFirstSync(t *testing.T) {
 				t.Fatal(err)
 			}
 			so := obs[0].(*serverObserver)
-			so.Started([]model.Family{model.IPv4}, tc.node)
+			so.Started([]model.Family{model.IPv4})
 			if !so.health.Healthy() {
 				t.Error("not healthy right after the sync loop started")
 			}

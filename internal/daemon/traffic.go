@@ -72,8 +72,8 @@ func readTraffic(fams []model.Family) ([]metrics.ServiceTraffic, error) {
 // (without waiting: they are written in their own goroutine).
 type trafficObserver struct{ t TrafficTables }
 
-func (trafficObserver) Started([]model.Family, model.NodeInfo) {}
-func (trafficObserver) Queued([]model.Family)                  {}
+func (trafficObserver) Started([]model.Family) {}
+func (trafficObserver) Queued([]model.Family)  {}
 func (o trafficObserver) Synced(r SyncReport) {
 	if r.Err == nil && r.Snapshot != nil {
 		o.t.Update(r.Snapshot)
