@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -19,12 +20,14 @@ import (
 )
 
 // testSessionAffinity: with sessionAffinity ClientIP, every new connection
-// from one client reaches the same one of four endpoints.
+// from one client reaches the same one of four endpoints; an endpoint that
+// leaves and returns does not get back the client that moved meanwhile.
 func testSessionAffinity(t *testing.T, b *fbed, f family) {
-	svc := b.applyService(t, svcName("affinity", f), v1.ServiceTypeClusterIP, func(s *v1.Service) {
+	ports := append(defaultPorts(), controlplane.ServicePort("probe", v1.ProtocolTCP, 81, echoPort))
+	svc := b.applyService(t, svcName("affinity", f), v1.ServiceTypeClusterIP, withPorts(ports...), func(s *v1.Service) {
 		s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
 		s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{
-			ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](10)}}
+			ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](60)}}
 	})
 	b.setSlices(t, svc.Name, nil, readyEPs(b.pods...))
 	vip := clusterIP(t, svc, f.v6)
@@ -36,10 +39,38 @@ func testSessionAffinity(t *testing.T, b *fbed, f family) {
 			t.Errorf("%s %s -> %s: affinity to %s lost: %s", proto, from.PodName, vip, pod, again)
 		}
 		t.Logf("%s %s -> %s: every reply from %s (%s)", proto, from.PodName, vip, pod, again)
-		if a := b.explainOn(t, b.node(0), podIP(from, f), req(proto, vip, 80)); a.Affinity != 10 || len(a.Endpoints) != len(b.pods) {
-			t.Errorf("explain: affinity %ds over %d endpoints, want 10s over %d", a.Affinity, len(a.Endpoints), len(b.pods))
+		if a := b.explainOn(t, b.node(0), podIP(from, f), req(proto, vip, 80)); a.Affinity != 60 || len(a.Endpoints) != len(b.pods) {
+			t.Errorf("explain: affinity %ds over %d endpoints, want 60s over %d", a.Affinity, len(a.Endpoints), len(b.pods))
 		}
 	}
+	b.checkAffinityFlap(t, svc, f)
+}
+
+// checkAffinityFlap: a client goes to endpoint A; A leaves, so the client
+// moves to B; A returns within the timeout. The client stays with B, as
+// upstream's, which deletes a leaving endpoint's affinity records. A has
+// the lower address, so its rules come first: a record of A kept from
+// before would win. The Service's "probe" port gets endpoints in the same
+// slice update that brings A back: once it answers, that update is live.
+func (b *fbed) checkAffinityFlap(t *testing.T, svc *v1.Service, f family) {
+	from := b.pods[0]
+	cands := slices.Clone(b.pods[1:])
+	slices.SortFunc(cands, func(x, y *netbed.Pod) int { return podIP(x, f).Compare(podIP(y, f)) })
+	epA, epB := cands[0], cands[len(cands)-1]
+	vip := clusterIP(t, svc, f.v6)
+	r := req(echo.ProtoTCP, vip, 80)
+	b.setSlices(t, svc.Name, nil, readyEPs(epA))
+	waitForPods(t, b.exited, from.Netns, r, epA)
+	b.setSlices(t, svc.Name, nil, readyEPs(epB))
+	waitForPods(t, b.exited, from.Netns, r, epB)
+	probe := append(defaultEndpointPorts(), controlplane.EndpointPort("probe", v1.ProtocolTCP, echoPort))
+	b.setSlices(t, svc.Name, probe, readyEPs(epA, epB))
+	b.waitOnePod(t, from.Netns, req(echo.ProtoTCP, vip, 81), 4)
+	got := burst(from.Netns, r, 16)
+	if len(got.failures) > 0 || len(got.byPod) != 1 || got.byPod[epB.PodName] == 0 {
+		t.Errorf("tcp %s -> %s after %s left and came back: want every reply from %s: %s", from.PodName, vip, epA.PodName, epB.PodName, got)
+	}
+	t.Logf("tcp %s -> %s after %s left and came back: %s", from.PodName, vip, epA.PodName, got)
 }
 
 // testExternalTrafficPolicyLocal: via the node with local endpoints, the

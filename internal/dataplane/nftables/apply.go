@@ -41,6 +41,10 @@ type famState struct {
 	// lastOps counts the changes the last sync sent (opList.changes).
 	lastOps int
 	now     time.Time // start of the current sync
+	// affinityGone are affinity ids whose endpoints left, and affinityAll
+	// asks to sweep every id no port has: sweepAffinity's work.
+	affinityGone map[uint32]bool
+	affinityAll  bool
 
 	desiredState
 	kernelMirror
@@ -163,6 +167,10 @@ func (st *famState) sync(ctx context.Context, cfg dataplane.Config, fs *model.Fa
 		return fmt.Errorf("syncing %s nftables table: %w", st.fam, err)
 	}
 	st.commit(&t)
+	st.affinityAll = st.affinityAll || full
+	if err := st.sweepAffinity(ctx); err != nil {
+		logger.Error(err, "Deleting the session affinity of endpoints that left failed; retrying at the next sync", "family", st.fam)
+	}
 	return nil
 }
 

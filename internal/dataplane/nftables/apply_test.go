@@ -2,6 +2,8 @@ package nftables
 
 import (
 	"context"
+	"fmt"
+	"hash/fnv"
 	"maps"
 	"net/netip"
 	"slices"
@@ -660,5 +662,71 @@ func TestApplySharedHairpinAndBlocks(t *testing.T) {
 		e.clock.Step(2 * time.Second)
 		e.sync(s.snap, dataplane.SyncRequest{Changed: map[objects.Key]struct{}{}})
 		e.checkKernel(s.snap)
+	}
+}
+
+// TestApplyAffinitySweep: when an endpoint of a ClientIP-affinity Service
+// goes, its clients' affinity elements go with it (an endpoint back within
+// the timeout must not get them back); a full sync also deletes elements
+// whose id no port has (left by endpoints that went while kproxy was down).
+func TestApplyAffinitySweep(t *testing.T) {
+	e := newApplyEnv(t)
+	e1, e2 := dptest.EP("198.18.65.10", 8080, false), dptest.EP("198.18.65.11", 8080, false)
+	aff := func(eps ...*model.Endpoint) *model.Snapshot {
+		return dptest.Snapshot(dptest.Svc("ns", "aff", "198.19.0.40", 80, dptest.WithAffinity(30), dptest.WithEPs(eps...)))
+	}
+	snap := aff(e1, e2)
+	e.sync(snap, dataplane.SyncRequest{Full: true})
+	st := e.p.fams[model.IPv4]
+	id := snap.V4.Ports[0].ID
+	ids := st.cur.Ports[id].Affinity
+	if len(ids) != 2 {
+		t.Fatalf("affinity ids %v, want two", ids)
+	}
+	elem := func(client string, id uint32) []string { return []string{client, fmt.Sprintf("0x%08x", id)} }
+	e.k.run(t, model.IPv4, func(tx *knftables.Transaction) {
+		for _, k := range [][]string{elem("198.18.0.1", ids[0]), elem("198.18.0.2", ids[1]), elem("198.18.0.3", 0xdeadbeef)} {
+			tx.Add(&knftables.Element{Set: setAffinity, Key: k})
+		}
+	})
+	clients := func() []string {
+		els, err := e.k.fake(model.IPv4).ListElements(context.Background(), "set", setAffinity)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, el := range els {
+			out = append(out, strings.Join(el.Key, fieldSep))
+		}
+		slices.Sort(out)
+		return out
+	}
+	idOf := func(ep *model.Endpoint) uint32 {
+		h := fnv.New32a()
+		h.Write([]byte("ns/aff/tcp/p/" + epName(ep)))
+		return h.Sum32()
+	}
+	gone, kept := elem("198.18.0.1", idOf(e1)), elem("198.18.0.2", idOf(e2))
+	if !slices.Contains(ids, idOf(e1)) || !slices.Contains(ids, idOf(e2)) {
+		t.Fatalf("affinity ids %v are not the endpoints' (%#x, %#x)", ids, idOf(e1), idOf(e2))
+	}
+	stranger := strings.Join(elem("198.18.0.3", 0xdeadbeef), fieldSep)
+
+	// e1 goes: its client's element goes; the others stay.
+	snap = aff(e2)
+	e.sync(snap, dataplane.SyncRequest{Changed: map[objects.Key]struct{}{id.Service(): {}}})
+	if got, want := clients(), []string{strings.Join(kept, fieldSep), stranger}; !slices.Equal(got, want) {
+		t.Errorf("after e1 left: affinity elements %q, want %q (gone: %q)", got, want, gone)
+	}
+	// A full sync (a restart) deletes the element no port's id names.
+	e.restart()
+	e.sync(snap, dataplane.SyncRequest{Full: true})
+	if got, want := clients(), []string{strings.Join(kept, fieldSep)}; !slices.Equal(got, want) {
+		t.Errorf("after a full sync: affinity elements %q, want %q", got, want)
+	}
+	// The Service goes: every element of its ids goes.
+	e.sync(dptest.Snapshot(), dataplane.SyncRequest{Changed: map[objects.Key]struct{}{id.Service(): {}}})
+	if got := clients(); len(got) != 0 {
+		t.Errorf("after the Service left: affinity elements %q, want none", got)
 	}
 }

@@ -32,6 +32,7 @@ func (st *famState) prepareIncremental(fs *model.FamilySnapshot, req dataplane.S
 		}
 		st.diffPort(old, next, t, touched)
 		st.countHairpins(old, next, hairpins)
+		st.noteAffinityGone(old, next)
 	}
 	for name, keys := range touched {
 		st.diffElems(name, keys, t)

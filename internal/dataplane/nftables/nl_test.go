@@ -296,3 +296,26 @@ func TestRangeEncoding(t *testing.T) {
 		t.Errorf("only %d elements checked", count)
 	}
 }
+
+// TestKeyRoundTrip: element keys encode to netlink and decode back to the
+// text render writes, for every field type of a shared or dynamic set.
+func TestKeyRoundTrip(t *testing.T) {
+	for _, c := range []struct {
+		fields []string
+		text   string
+	}{
+		{[]string{"ipv4_addr", "mark"}, "198.18.0.1 . 0x7cfc768a"},
+		{[]string{"ipv6_addr", "mark"}, "fd00::1 . 0x00000001"},
+		{[]string{"ipv4_addr", "inet_proto", "inet_service"}, "198.19.0.10 . tcp . 80"},
+		{[]string{"numgen"}, "1048575"},
+	} {
+		b, err := appendKey(nil, c.fields, c.text)
+		if err != nil {
+			t.Fatalf("%q: %v", c.text, err)
+		}
+		got, err := decodeKey(c.fields, b)
+		if err != nil || strings.Join(got, fieldSep) != c.text {
+			t.Errorf("%q: decoded %q, %v", c.text, got, err)
+		}
+	}
+}

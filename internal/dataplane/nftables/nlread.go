@@ -93,6 +93,8 @@ func formatField(f string, b []byte) string {
 		return netip.AddrFrom16([16]byte(b)).String()
 	case "numgen":
 		return strconv.FormatUint(uint64(binary.NativeEndian.Uint32(b)), 10)
+	case "mark":
+		return fmt.Sprintf("0x%08x", binary.NativeEndian.Uint32(b))
 	case "inet_proto":
 		if name, ok := protoNames[b[0]]; ok {
 			return name

@@ -342,6 +342,12 @@ func appendKey(out []byte, fields []string, text string) ([]byte, error) {
 				return nil, err
 			}
 			out = binary.NativeEndian.AppendUint32(out, uint32(v))
+		case "mark":
+			v, err := strconv.ParseUint(field, 0, 32)
+			if err != nil {
+				return nil, err
+			}
+			out = binary.NativeEndian.AppendUint32(out, uint32(v))
 		case "inet_service":
 			v, err := strconv.ParseUint(field, 10, 16)
 			if err != nil {

@@ -327,15 +327,19 @@ func (r *renderer) fixedSets() []*set {
 		{Name: setNodePortsNoEndpoints, Type: "inet_proto . inet_service", Comment: "NodePorts without endpoints: rejected"},
 		{Name: setNodePortsNoLocal, Type: "inet_proto . inet_service", Comment: "NodePorts of the Local policy without a local endpoint: dropped"},
 		{Name: mapFirewallIPs, IsMap: true, Type: dst, Comment: "load-balancer IPs subject to loadBalancerSourceRanges"},
-		// One set for every Service with ClientIP affinity, keyed by the
-		// client and a (service port, endpoint) id, with each element's
-		// timeout set by the rule that adds it. Per-endpoint sets, as
-		// upstream has, cost the kernel a linear search by name for each
-		// set, rule and element op: quadratic at scale (10k sets: ~15 s
-		// of kernel time for a cold load).
-		{Name: setAffinity, Type: r.addrType + " . mark", Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag},
-			Size: affinitySetSize, Comment: "ClientIP affinity: client . service-port endpoint id"},
+		r.affinitySet(),
 	}
+}
+
+// affinitySet is the dynamic set of ClientIP affinity: one for every
+// Service that has it, keyed by the client and a (service port, endpoint)
+// id, with each element's timeout set by the rule that adds it. Per-endpoint
+// sets, as upstream has, cost the kernel a linear search by name for each
+// set, rule and element op: quadratic at scale (10k sets: ~15 s of kernel
+// time for a cold load).
+func (r *renderer) affinitySet() *set {
+	return &set{Name: setAffinity, Type: r.addrType + " . mark", Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag},
+		Size: affinitySetSize, Comment: "ClientIP affinity: client . service-port endpoint id"}
 }
 
 // baseRules are the jumps from each hooked chain to the helper chains.

@@ -58,11 +58,15 @@ func (r *renderer) affinityKeys(c *portCtx) {
 		return
 	}
 	c.affinity = map[netip.AddrPort]key{}
+	ids := make([]uint32, 0, len(c.sp.AllReachable))
 	for _, ep := range c.sp.AllReachable {
 		h := fnv.New32a()
 		h.Write([]byte(c.human + "/" + epName(ep)))
 		c.affinity[ep.AddrPort()] = key{{sel: r.saddr}, {mark: h.Sum32()}}
+		ids = append(ids, h.Sum32())
 	}
+	slices.Sort(ids)
+	c.ps.Affinity = slices.Compact(ids)
 }
 
 // epName is an endpoint in a form allowed in nftables names.

@@ -42,6 +42,10 @@ type portState struct {
 	// (famState.hairpins counts them, by hairpinKey).
 	Hairpin      []*model.Endpoint
 	HairpinProto uint8
+	// Affinity are the ids the port's endpoints have in the affinity set
+	// (ClientIP affinity only), sorted: sweepAffinity deletes the elements
+	// of those that go.
+	Affinity []uint32
 }
 
 // hairpinKeys yields the hairpin set keys of ps's local endpoints.
