@@ -3,6 +3,7 @@ package iptables
 import (
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kproxy/kproxy/internal/dataplane/dptest"
@@ -61,5 +62,38 @@ func TestCompactPortDiffs(t *testing.T) {
 	}
 	if withChains < 5 {
 		t.Fatalf("only %d ports with chains", withChains)
+	}
+}
+
+// TestNodePortsJumpsLoopback: a nodePortAddresses CIDR that holds the
+// loopback range without being in it (0.0.0.0/1) does not make NodePorts
+// answer on 127.0.0.1 when localhost NodePorts are off, as upstream, which
+// skips loopback node addresses; with them on, it does.
+func TestNodePortsJumpsLoopback(t *testing.T) {
+	snap := featureSnapshot()
+	for _, c := range []struct {
+		localhost bool
+		want      []string
+	}{
+		{false, []string{
+			`-m comment --comment "kubernetes service nodeports: not on loopback addresses" -d 127.0.0.0/8 -j RETURN`,
+			`-m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -d 0.0.0.0/1 -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS`,
+			`-m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -d 198.18.0.0/15 -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS`,
+		}},
+		{true, []string{
+			`-m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -d 0.0.0.0/1 -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS`,
+			`-m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -d 198.18.0.0/15 -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS`,
+		}},
+	} {
+		cfg := dptest.Config()
+		cfg.NodePortAddresses = []string{"0.0.0.0/1", "198.18.0.0/15"}
+		r := newRenderer(Params{Config: cfg, LocalhostNodePorts: c.localhost}, snap.V4, snap.Node)
+		var got []string
+		for _, rule := range r.nodePortsJumps() {
+			got = append(got, rule.String())
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("localhost NodePorts %v: got\n%s\nwant\n%s", c.localhost, strings.Join(got, "\n"), strings.Join(c.want, "\n"))
+		}
 	}
 }

@@ -298,9 +298,22 @@ func (r *renderer) nodePortsJumps() []rule {
 		return []rule{b.jump(chainNodePorts)}
 	}
 	var rules []rule
+	kept := false // the loopback RETURN is in rules
+	lo := loopback4
+	if r.fam == model.IPv6 {
+		lo = loopback6
+	}
 	for _, cidr := range r.npCIDRs {
 		if cidr.Addr().IsLoopback() && (r.fam == model.IPv6 || !r.localhostNP) {
 			continue
+		}
+		if !kept && cidr.Overlaps(lo) && (r.fam == model.IPv6 || !r.localhostNP) {
+			kept = true
+			// A CIDR such as 0.0.0.0/1 holds the loopback range
+			// without being in it: upstream skips loopback node
+			// addresses one by one, kproxy, matching CIDRs, keeps
+			// them out first.
+			rules = append(rules, rb().comment("kubernetes service nodeports: not on loopback addresses").dst(prefixAddr(lo)).ret())
 		}
 		rules = append(rules, rb().comment(c).dst(prefixAddr(cidr)).dstType(addrLocal).jump(chainNodePorts))
 	}
