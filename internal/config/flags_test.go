@@ -238,3 +238,26 @@ func writeFile(t *testing.T, name, content string) string {
 	}
 	return p
 }
+
+// TestFlagz: Options.Flagz shows every flag's value as given or defaulted,
+// and a flag annotated "classified" as CLASSIFIED.
+func TestFlagz(t *testing.T) {
+	fs, l := NewFlagSet("kube-proxy")
+	fs.String("secret", "", "")
+	if err := fs.SetAnnotation("secret", "classified", []string{"true"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.Parse([]string{"--metrics-bind-address=127.0.0.1:10249", "--secret=s3"}); err != nil {
+		t.Fatal(err)
+	}
+	o, err := l.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := o.Flagz()
+	for name, want := range map[string]string{"metrics-bind-address": "127.0.0.1:10249", "secret": "CLASSIFIED", "cluster-cidr": ""} {
+		if v, ok := got[name]; !ok || v != want {
+			t.Errorf("flagz[%s] = %q (present %v), want %q", name, v, ok, want)
+		}
+	}
+}

@@ -60,6 +60,8 @@ func (l *Loader) Load() (*Options, error) {
 	}
 	o := l.opts
 	o.NoIPTablesNetlink = !l.iptablesNetlink
+	fs := l.fs
+	o.Flagz = func() map[string]string { return flagValues(fs) }
 	if o.ConfigFile != "" {
 		cfg, warnings, err := l.loadFile()
 		if err != nil {
@@ -278,5 +280,22 @@ func sortedKeys(m map[string]bool) []string {
 		out = append(out, k)
 	}
 	sort.Strings(out)
+	return out
+}
+
+// flagValues is every flag of fs with its value; a flag annotated
+// "classified" shows CLASSIFIED instead, as upstream's /flagz.
+func flagValues(fs *pflag.FlagSet) map[string]string {
+	out := map[string]string{}
+	fs.VisitAll(func(f *pflag.Flag) {
+		if f.Value == nil {
+			return
+		}
+		v := f.Value.String()
+		if len(f.Annotations["classified"]) > 0 {
+			v = "CLASSIFIED"
+		}
+		out[f.Name] = v
+	})
 	return out
 }

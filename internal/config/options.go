@@ -55,6 +55,9 @@ type Options struct {
 	// NodeName is this node's name as upstream computes it: the
 	// hostnameOverride, else the host name, trimmed and lower-cased.
 	NodeName string
+	// Flagz returns every command-line flag's value, as /flagz shows
+	// them (a flag annotated "classified" as CLASSIFIED).
+	Flagz func() map[string]string
 	// FeatureGate holds the effective feature gates: upstream v1.36's known
 	// gates at their defaults, overridden by the config's featureGates.
 	FeatureGate featuregate.FeatureGate

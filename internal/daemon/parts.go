@@ -223,15 +223,21 @@ const allowServiceExternalIPs featuregate.Feature = "AllowServiceExternalIPs"
 // externalIPsAllowed reads allowServiceExternalIPs from g; a nil gate, or
 // one that does not know the feature, allows them.
 func externalIPsAllowed(g featuregate.FeatureGate) bool {
+	return enabledByDefault(g, allowServiceExternalIPs)
+}
+
+// enabledByDefault reads a gate that is on by default: a nil gate, or one
+// that does not know f, has it on.
+func enabledByDefault(g featuregate.FeatureGate, f featuregate.Feature) bool {
 	if g == nil {
 		return true
 	}
 	if all, ok := g.(interface {
 		GetAll() map[featuregate.Feature]featuregate.FeatureSpec
 	}); ok {
-		if _, known := all.GetAll()[allowServiceExternalIPs]; !known {
+		if _, known := all.GetAll()[f]; !known {
 			return true
 		}
 	}
-	return g.Enabled(allowServiceExternalIPs)
+	return g.Enabled(f)
 }

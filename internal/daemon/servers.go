@@ -2,8 +2,10 @@ package daemon
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
+	"k8s.io/component-base/featuregate"
 	"k8s.io/klog/v2"
 	kpv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
 
@@ -65,11 +67,30 @@ func defaultServers(p ServerParams) ([]Server, []Observer, error) {
 		obs.services[f] = shs
 		servers = append(servers, shs)
 	}
-	servers = append(servers, metrics.NewServer(metrics.ServerConfig{
+	mcfg := metrics.ServerConfig{
 		Addr: cfg.MetricsBindAddress, Gatherer: reg, Mode: p.Mode,
 		Configz: func() any { return configz(cfg) }, Profiling: cfg.EnableProfiling,
-	}))
+	}
+	if enabledByDefault(p.Options.FeatureGate, componentStatusz) {
+		mcfg.Statusz = &metrics.Statusz{BinaryVersion: strings.TrimPrefix(config.UpstreamVersion, "v"), EmulationVersion: emulationVersion()}
+	}
+	if enabledByDefault(p.Options.FeatureGate, componentFlagz) {
+		mcfg.Flagz = p.Options.Flagz
+	}
+	servers = append(servers, metrics.NewServer(mcfg))
 	return servers, []Observer{obs}, nil
+}
+
+// The gates of upstream's /statusz and /flagz (beta, on by default).
+const (
+	componentStatusz featuregate.Feature = "ComponentStatusz"
+	componentFlagz   featuregate.Feature = "ComponentFlagz"
+)
+
+// emulationVersion is the upstream release's major.minor.
+func emulationVersion() string {
+	v := strings.Split(strings.TrimPrefix(config.UpstreamVersion, "v"), ".")
+	return strings.Join(v[:min(2, len(v))], ".")
 }
 
 // configz is the effective configuration as /configz shows it.

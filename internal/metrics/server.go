@@ -41,12 +41,18 @@ type ServerConfig struct {
 	Configz func() any
 	// Profiling installs /debug/pprof/* (enableProfiling).
 	Profiling bool
+	// Statusz serves /statusz (the ComponentStatusz gate); nil: not.
+	Statusz *Statusz
+	// Flagz returns every command-line flag's value for /flagz (the
+	// ComponentFlagz gate); nil: not served.
+	Flagz func() map[string]string
 	// Listen defaults to net.ListenConfig.Listen.
 	Listen ListenFunc
 }
 
-// Server serves /metrics, /proxyMode, /configz, /healthz (and /healthz/ping)
-// and, with profiling, /debug/pprof/* on the metrics address.
+// Server serves /metrics, /proxyMode, /configz, /healthz (and /healthz/ping),
+// /metrics/slis, /statusz and /flagz (zpages.go) and, with profiling,
+// /debug/pprof/* on the metrics address.
 type Server struct {
 	cfg ServerConfig
 }
@@ -73,6 +79,12 @@ func (s *Server) Handler() http.Handler {
 	// /healthz records (serveHealthz).
 	slis.SLIMetricsWithReset{}.Install(mux)
 	mux.HandleFunc("/configz", s.serveConfigz)
+	if s.cfg.Flagz != nil {
+		mux.HandleFunc("/flagz", s.serveFlagz)
+	}
+	if s.cfg.Statusz != nil {
+		mux.HandleFunc("/statusz", s.serveStatusz)
+	}
 	if s.cfg.Profiling {
 		installProfiling(mux)
 	}

@@ -389,5 +389,28 @@ func testHealthAndMetrics(t *testing.T, c *cluster) {
 			}
 			return nil
 		}, "GET /metrics in %s", n.Spec.Name)
+		checkZpages(t, ctx, n)
+	}
+}
+
+// flagzLine is /flagz's line of --metrics-bind-address, whichever
+// separator the page picked.
+var flagzLine = regexp.MustCompile(`(?m)^metrics-bind-address(:|: |=| )127\.0\.0\.1:10249$`)
+
+// checkZpages: /statusz and /flagz answer on the metrics address, as
+// upstream's (the ComponentStatusz and ComponentFlagz gates are on).
+func checkZpages(t *testing.T, ctx context.Context, n *netbed.Node) {
+	t.Helper()
+	for path, want := range map[string]*regexp.Regexp{
+		"/statusz": regexp.MustCompile(`(?m)^kube-proxy statusz$(.|\n)*^Binary version(:|: |=| ) ?1\.36\.`),
+		"/flagz":   flagzLine,
+	} {
+		code, body, err := n.HTTPGet(ctx, "http://127.0.0.1:10249"+path)
+		if err != nil || code != 200 || !want.MatchString(body) {
+			t.Errorf("GET %s in %s: %d %v, want %s in:\n%s", path, n.Spec.Name, code, err, want, body)
+		}
+		if path == "/statusz" {
+			t.Logf("GET %s in %s:%s", path, n.Spec.Name, body)
+		}
 	}
 }
