@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/component-base/logs"
 	k8smetrics "k8s.io/component-base/metrics"
 	"k8s.io/component-base/metrics/prometheus/slis"
 	"k8s.io/klog/v2"
@@ -203,4 +205,42 @@ func installProfiling(mux *http.ServeMux) {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.HandleFunc("/debug/flags", serveDebugFlags)
+	mux.HandleFunc("/debug/flags/", serveDebugFlags)
+	mux.HandleFunc("/debug/flags/v", serveVerbosity)
+}
+
+// setVerbosity sets klog's verbosity (component-base's setter, which
+// upstream's /debug/flags/v calls).
+var setVerbosity = logs.GlogSetter
+
+// serveVerbosity is /debug/flags/v: a PUT whose body is a number sets the
+// log verbosity, as upstream's with profiling on.
+func serveVerbosity(w http.ResponseWriter, r *http.Request) {
+	reply := func(code int, text string) {
+		textHeaders(w)
+		w.WriteHeader(code)
+		_, _ = fmt.Fprintln(w, text)
+	}
+	if r.Method != http.MethodPut {
+		reply(http.StatusNotAcceptable, "unsupported http method")
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 64))
+	if err != nil {
+		reply(http.StatusBadRequest, "error reading request body: "+err.Error())
+		return
+	}
+	msg, err := setVerbosity(strings.TrimSpace(string(body)))
+	if err != nil {
+		reply(http.StatusBadRequest, err.Error())
+		return
+	}
+	reply(http.StatusOK, msg)
+}
+
+// serveDebugFlags is /debug/flags: the flags /debug/flags/ can set.
+func serveDebugFlags(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	_, _ = fmt.Fprint(w, "<html>\n<head>\n<title>/debug/flags/</title>\n</head>\n<body>\n/debug/flags/<br>\n<br>\nflags:<br>\n<table>\n<tr>v<br>\n</table>\n<br>\nfull flags configurable<br>\n</body>\n</html>\n")
 }

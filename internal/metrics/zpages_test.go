@@ -2,10 +2,12 @@ package metrics
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
 	"runtime"
+	"strings"
 	"testing"
 )
 
@@ -96,4 +98,39 @@ func mustJSON(t *testing.T, v any) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestDebugFlagsVerbosity: with profiling, PUT /debug/flags/v sets the log
+// verbosity through component-base's setter; other methods get 406 and
+// nothing is set; without profiling the path is absent.
+func TestDebugFlagsVerbosity(t *testing.T) {
+	var set []string
+	orig := setVerbosity
+	setVerbosity = func(v string) (string, error) {
+		if v != "4" {
+			return "", fmt.Errorf("bad level %q", v)
+		}
+		set = append(set, v)
+		return "successfully set klog.logging.verbosity to " + v, nil
+	}
+	t.Cleanup(func() { setVerbosity = orig })
+	for _, tc := range []struct {
+		method, body string
+		profiling    bool
+		code         int
+	}{
+		{http.MethodPut, "4\n", true, 200},
+		{http.MethodPut, "x", true, 400},
+		{http.MethodGet, "", true, 406},
+		{http.MethodPut, "4", false, 404},
+	} {
+		rec := httptest.NewRecorder()
+		NewServer(ServerConfig{Profiling: tc.profiling}).Handler().ServeHTTP(rec, httptest.NewRequest(tc.method, "/debug/flags/v", strings.NewReader(tc.body)))
+		if rec.Code != tc.code {
+			t.Errorf("%s %q (profiling %v): status %d, want %d: %s", tc.method, tc.body, tc.profiling, rec.Code, tc.code, rec.Body)
+		}
+	}
+	if len(set) != 1 {
+		t.Errorf("verbosity set %d times, want once: %q", len(set), set)
+	}
 }

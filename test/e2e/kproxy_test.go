@@ -5,6 +5,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"net/netip"
 	"os"
 	"regexp"
@@ -130,6 +132,7 @@ func (c *cluster) kproxyArgs(t *testing.T, n *netbed.Node) []string {
 		// Leave nf_conntrack_max alone: it is global, not per namespace.
 		"--conntrack-max-per-core", "0",
 		"--v", "2",
+		"--profiling", // for /debug/flags/v (checkZpages)
 	}, own...)
 }
 
@@ -411,6 +414,34 @@ func checkZpages(t *testing.T, ctx context.Context, n *netbed.Node) {
 		}
 		if path == "/statusz" {
 			t.Logf("GET %s in %s:%s", path, n.Spec.Name, body)
+		}
+	}
+	// The structured form, and the log verbosity set at run time (to the
+	// --v it has), as upstream's with --profiling.
+	for _, r := range []struct {
+		method, path, accept, body string
+		want                       *regexp.Regexp
+	}{
+		{http.MethodGet, "/statusz", "application/json;as=Statusz;g=config.k8s.io;v=v1beta1", "",
+			regexp.MustCompile(`"kind":"Statusz"`)},
+		{http.MethodPut, "/debug/flags/v", "", "2", regexp.MustCompile(`^successfully set klog.logging.verbosity to 2\n$`)},
+	} {
+		req, err := http.NewRequestWithContext(ctx, r.method, "http://127.0.0.1:10249"+r.path, strings.NewReader(r.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.accept != "" {
+			req.Header.Set("Accept", r.accept)
+		}
+		resp, err := n.HTTPClient(5 * time.Second).Do(req)
+		if err != nil {
+			t.Errorf("%s %s in %s: %v", r.method, r.path, n.Spec.Name, err)
+			continue
+		}
+		body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || !r.want.Match(body) {
+			t.Errorf("%s %s in %s: %d %v, want %s in %q", r.method, r.path, n.Spec.Name, resp.StatusCode, err, r.want, body)
 		}
 	}
 }
