@@ -38,6 +38,9 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 		Full: req.Full, Reason: string(req.Reason), Families: d.fams, Start: start, Err: err,
 		Pending: len(b.Changed), TriggerTimes: b.TriggerTimes,
 	}
+	if fr, ok := d.dp.(dataplane.FullReporter); ok {
+		report.Full = fr.LastSyncFull()
+	}
 	if err != nil {
 		report.Duration = d.env.clock.Since(start)
 		d.obs.Synced(report)

@@ -83,6 +83,14 @@ type OpCounter interface {
 	LastSyncOps() int
 }
 
+// FullReporter is a dataplane whose sync may be full when the request did
+// not ask for it (a Node change, a failed sync before): LastSyncFull says
+// whether the last sync, successful or not, rewrote everything, so that
+// it is recorded among the full syncs, as upstream records its own.
+type FullReporter interface {
+	LastSyncFull() bool
+}
+
 // RuleCount is one table's rules in one family: owned, and written by the
 // last sync.
 type RuleCount struct {

@@ -306,3 +306,26 @@ func ruleTexts(rules []rule) []string {
 	}
 	return out
 }
+
+// TestLastSyncFull: the first sync and a Node change are full without the
+// request asking, and LastSyncFull says so.
+func TestLastSyncFull(t *testing.T) {
+	p, _, _ := newTestProxier(t)
+	snap := twoServices(dptest.EP("198.18.65.10", 80, false))
+	for _, step := range []struct {
+		req  dataplane.SyncRequest
+		want bool
+	}{
+		{changed("a"), true},
+		{changed("a"), false},
+		{dataplane.SyncRequest{NodeChanged: true}, true},
+		{changed("b"), false},
+	} {
+		if err := p.Sync(context.Background(), snap, step.req); err != nil {
+			t.Fatal(err)
+		}
+		if got := p.LastSyncFull(); got != step.want {
+			t.Errorf("after %+v: LastSyncFull %v, want %v", step.req, got, step.want)
+		}
+	}
+}

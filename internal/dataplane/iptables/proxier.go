@@ -50,6 +50,15 @@ type Proxier struct {
 	mu      sync.Mutex
 	liberal bool
 	fams    map[model.Family]*famState
+	// lastFull is whether the last sync was full in some family.
+	lastFull bool
+}
+
+// LastSyncFull implements dataplane.FullReporter.
+func (p *Proxier) LastSyncFull() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lastFull
 }
 
 var (
@@ -124,6 +133,7 @@ func (p *Proxier) Sync(ctx context.Context, snap *model.Snapshot, req dataplane.
 		p.chooseWriter(ctx)
 	}
 	var errs []error
+	p.lastFull = false
 	for _, f := range p.cfg.Families {
 		st := p.fams[f]
 		if st == nil {
@@ -131,6 +141,7 @@ func (p *Proxier) Sync(ctx context.Context, snap *model.Snapshot, req dataplane.
 			p.fams[f] = st
 		}
 		full := req.Full || req.NodeChanged || !st.valid
+		p.lastFull = p.lastFull || full
 		st.writtenMu.Lock()
 		st.written = map[string]int{}
 		st.writtenMu.Unlock()

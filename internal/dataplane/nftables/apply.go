@@ -38,8 +38,10 @@ type famState struct {
 	// The replacement is atomic, so traffic sees the old rules or the new
 	// ones, never neither; it is never staged.
 	replace bool
-	// lastOps counts the changes the last sync sent (opList.changes).
-	lastOps int
+	// lastOps counts the changes the last sync sent (opList.changes);
+	// lastFull is whether that sync was full.
+	lastOps  int
+	lastFull bool
 	now     time.Time // start of the current sync
 	// affinityGone are affinity ids whose endpoints left, and affinityAll
 	// asks to sweep every id no port has: sweepAffinity's work.
@@ -132,6 +134,7 @@ func (st *famState) sync(ctx context.Context, cfg dataplane.Config, fs *model.Fa
 	st.now = now
 	st.deleteStale(ctx)
 	full := req.Full || req.NodeChanged || !st.valid || st.cur == nil
+	st.lastFull = full
 	var t txn
 	var err error
 	if full {

@@ -730,3 +730,25 @@ func TestApplyAffinitySweep(t *testing.T) {
 		t.Errorf("after the Service left: affinity elements %q, want none", got)
 	}
 }
+
+// TestLastSyncFull: a Node change or a failed sync before makes a sync
+// full without the request asking, and LastSyncFull says so.
+func TestLastSyncFull(t *testing.T) {
+	e := newApplyEnv(t)
+	snap := featureSnapshot()
+	for _, step := range []struct {
+		req  dataplane.SyncRequest
+		want bool
+	}{
+		{dataplane.SyncRequest{}, true}, // the first
+		{dataplane.SyncRequest{}, false},
+		{dataplane.SyncRequest{NodeChanged: true}, true},
+		{dataplane.SyncRequest{Full: true}, true},
+		{dataplane.SyncRequest{}, false},
+	} {
+		e.sync(snap, step.req)
+		if got := e.p.LastSyncFull(); got != step.want {
+			t.Errorf("after %+v: LastSyncFull %v, want %v", step.req, got, step.want)
+		}
+	}
+}

@@ -165,6 +165,19 @@ func (p *Proxier) LastSyncOps() int {
 	return n
 }
 
+// LastSyncFull implements dataplane.FullReporter: whether the last Sync
+// was full in some family.
+func (p *Proxier) LastSyncFull() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, st := range p.fams {
+		if st != nil && st.lastFull {
+			return true
+		}
+	}
+	return false
+}
+
 // SetServiceCIDRs replaces Config.ServiceCIDRs, the cluster's service IP
 // ranges (both families mixed; from the ServiceCIDR objects, as upstream's
 // OnServiceCIDRsChanged receives them). New connections to an address in
