@@ -42,7 +42,7 @@ type famState struct {
 	// lastFull is whether that sync was full.
 	lastOps  int
 	lastFull bool
-	now     time.Time // start of the current sync
+	now      time.Time // start of the current sync
 	// affinityGone are affinity ids whose endpoints left, and affinityAll
 	// asks to sweep every id no port has: sweepAffinity's work.
 	affinityGone map[uint32]bool
