@@ -130,8 +130,8 @@ func rawNodeIPs(node *objects.Node) []netip.Addr {
 	var all []netip.Addr
 	for _, list := range [][]string{node.InternalIPs, node.ExternalIPs} {
 		for _, s := range list {
-			if ip, err := netip.ParseAddr(s); err == nil {
-				all = append(all, ip.Unmap())
+			if ip, ok := objects.ParseAddr(s); ok { // sloppy, as upstream
+				all = append(all, ip)
 			}
 		}
 	}

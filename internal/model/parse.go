@@ -10,8 +10,11 @@ import (
 )
 
 // parsePrefix parses a CIDR as upstream does (sloppy, host bits allowed) and
-// returns it masked to its network. IPv4-mapped IPv6 prefixes are refused:
-// their family is ambiguous.
+// returns it masked to its network. An IPv4-mapped IPv6 prefix is read as
+// upstream's net.IPNet reads it: masked in IPv6 first, then, when the
+// mask still covers the ::ffff: part, the IPv4 prefix it maps
+// (::ffff:10.0.0.0/104 is 10.0.0.0/8, ::ffff:0:0/96 is 0.0.0.0/0);
+// otherwise an IPv6 prefix (::ffff:0:0/80 is ::/80).
 func parsePrefix(s string) (netip.Prefix, bool) {
 	p, err := netip.ParsePrefix(s)
 	if err != nil {
@@ -26,10 +29,17 @@ func parsePrefix(s string) (netip.Prefix, bool) {
 		}
 		p = netip.PrefixFrom(a, ones)
 	}
-	if p.Addr().Is4In6() || p.Addr().Zone() != "" {
+	if p.Addr().Zone() != "" {
 		return netip.Prefix{}, false
 	}
-	return p.Masked(), true
+	p = p.Masked()
+	if p.Addr().Is4In6() {
+		if p.Bits() < 96 {
+			return netip.Prefix{}, false // a masked 4in6 address keeps all of ::ffff:
+		}
+		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+	}
+	return p, true
 }
 
 // ParsePrefix parses a CIDR of the configuration (nodePortAddresses) as

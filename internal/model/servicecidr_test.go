@@ -37,9 +37,14 @@ func TestServiceCIDRs(t *testing.T) {
 		},
 		{
 			name:     "invalid entries are problems",
-			objs:     []*objects.ServiceCIDR{{Name: "bad", CIDRs: []string{"nope", "198.18.128.0/17", "::ffff:198.18.0.0/112"}}},
+			objs:     []*objects.ServiceCIDR{{Name: "bad", CIDRs: []string{"nope", "198.18.128.0/17", "fe80::/64%eth0"}}},
 			want:     prefixes("198.18.128.0/17"),
-			problems: []string{`ServiceCIDR bad: spec.cidrs[0]: invalid CIDR "nope"`, `ServiceCIDR bad: spec.cidrs[2]: invalid CIDR "::ffff:198.18.0.0/112"`},
+			problems: []string{`ServiceCIDR bad: spec.cidrs[0]: invalid CIDR "nope"`, `ServiceCIDR bad: spec.cidrs[2]: invalid CIDR "fe80::/64%eth0"`},
+		},
+		{
+			name: "an IPv4-mapped range is the IPv4 range it maps, as upstream reads it",
+			objs: []*objects.ServiceCIDR{{Name: "mapped", CIDRs: []string{"::ffff:198.18.0.0/112"}}},
+			want: prefixes("198.18.0.0/16"),
 		},
 	}
 	for _, tc := range tests {

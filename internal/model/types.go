@@ -282,8 +282,9 @@ type ServicePort struct {
 	ClusterEndpoints []*Endpoint
 	LocalEndpoints   []*Endpoint
 	AllReachable     []*Endpoint
-	// HasEndpoints is true when any endpoint (ready, serving or terminating)
-	// exists, even if none is usable: it decides between reject and drop.
+	// HasEndpoints is true when the Service has a usable endpoint anywhere
+	// (ready, or serving and terminating), local or not: it decides between
+	// reject and drop, as upstream's.
 	HasEndpoints bool
 	// LocalReadyEndpoints is upstream's health-check count, the same on every
 	// port of a Service in one family: the number of distinct IPs of ready
