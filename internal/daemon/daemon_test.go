@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"context"
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -319,5 +321,42 @@ func TestInitOnlyIPVS(t *testing.T) {
 				t.Errorf("route_localnet written: %v, want %v (iptables mode's)", fellBack, tc.missing != nil)
 			}
 		})
+	}
+}
+
+// TestNodeWaitStartsAfterTheList: the bounded wait for the Node's
+// addresses starts once the Node was listed, as upstream's node manager
+// waits for its informer first: an API server that answers late (a
+// control-plane node booting) does not leave kproxy with no node IPs.
+func TestNodeWaitStartsAfterTheList(t *testing.T) {
+	tr := newFakeTracker(nil)
+	tr.nodeUnlisted = true
+	dp := newFakeDataplane()
+	built := make(chan struct{})
+	inputs := func(_ *config.Options, _ string, notify func()) (Inputs, error) {
+		tr.notify = notify
+		close(built)
+		return Inputs{Source: blockingSource{}, Tracker: tr, NodeExpected: true}, nil
+	}
+	e := testEnv(inputs, dp)
+	e.nodeIPsWait = 10 * time.Millisecond
+	var nodeIPs []netip.Addr
+	e.dataplanes = map[string]DataplaneFunc{ModeNFTables: func(cfg dataplane.Config) (dataplane.Dataplane, error) {
+		nodeIPs = cfg.NodeIPs
+		return dp, nil
+	}}
+	runInBackground(t, e)
+	<-built
+	tr.setSynced()
+	time.Sleep(20 * e.nodeIPsWait)
+	select {
+	case c := <-dp.calls:
+		t.Fatalf("synced before the Node was listed: %+v", c.req)
+	default:
+	}
+	tr.listNode(&objects.Node{Name: "node-a", InternalIPs: []string{"198.18.1.1"}})
+	nextSync(t, dp)
+	if want := []netip.Addr{netip.MustParseAddr("198.18.1.1")}; !slices.Equal(nodeIPs, want) {
+		t.Errorf("node IPs %v, want the Node's %v", nodeIPs, want)
 	}
 }

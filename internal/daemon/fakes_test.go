@@ -62,12 +62,13 @@ func (f *fakeDataplane) Cleanup(context.Context) error {
 // fakeTracker is an in-memory Tracker with the contract's semantics: changes
 // stay pending until a Done(ok=true) for a batch that held them.
 type fakeTracker struct {
-	mu          sync.Mutex
-	synced      bool
-	syncedCalls int
-	in          model.Input
-	pending     map[objects.Key]struct{}
-	notify      func()
+	mu           sync.Mutex
+	synced       bool
+	nodeUnlisted bool // NodeSynced false until listNode
+	syncedCalls  int
+	in           model.Input
+	pending      map[objects.Key]struct{}
+	notify       func()
 }
 
 func newFakeTracker(node *objects.Node) *fakeTracker {
@@ -102,6 +103,20 @@ func (t *fakeTracker) Synced() bool {
 	defer t.mu.Unlock()
 	t.syncedCalls++
 	return t.synced
+}
+
+func (t *fakeTracker) NodeSynced() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return !t.nodeUnlisted
+}
+
+// listNode ends an unlisted Node's wait with node (nil: none exists).
+func (t *fakeTracker) listNode(node *objects.Node) {
+	t.mu.Lock()
+	t.nodeUnlisted, t.in.Node = false, node
+	t.mu.Unlock()
+	t.notify()
 }
 
 func (t *fakeTracker) Node() *objects.Node {

@@ -48,6 +48,9 @@ type Tracker interface {
 	Done(b *Batch, ok bool)
 	// Synced reports whether Services and EndpointSlices are fully listed.
 	Synced() bool
+	// NodeSynced reports whether this node's Node was listed (whether or
+	// not it exists).
+	NodeSynced() bool
 	// Node returns this node's Node object as last seen, nil when unknown.
 	// It consumes nothing.
 	Node() *objects.Node

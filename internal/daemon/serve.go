@@ -169,6 +169,13 @@ func (d *daemon) waitForNode(ctx context.Context) (*objects.Node, error) {
 		}
 		return node, nil
 	}
+	// As upstream's node manager: the list of this node's Node first,
+	// however long the API server takes to answer (on a control-plane
+	// node it may start after kproxy), and only then the bounded waits
+	// for the Node's addresses and pod CIDRs.
+	if err := d.waitFor(ctx, 0, d.inputs.Tracker.NodeSynced); err != nil {
+		return nil, err
+	}
 	hasIPs := func() bool { return len(rawNodeIPs(d.peekNode())) > 0 }
 	if err := d.waitFor(ctx, d.env.nodeIPsWait, hasIPs); err != nil {
 		return nil, err
@@ -179,6 +186,9 @@ func (d *daemon) waitForNode(ctx context.Context) (*objects.Node, error) {
 			return nil, err
 		}
 		if !hasCIDRs() {
+			if d.peekNode() == nil {
+				return nil, fmt.Errorf("timeout waiting for node %q to exist", d.nodeName)
+			}
 			return nil, fmt.Errorf("timeout waiting for PodCIDR allocation on node %q", d.nodeName)
 		}
 	}

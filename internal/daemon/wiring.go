@@ -104,6 +104,8 @@ type trackerAdapter struct{ t *changes.Tracker }
 
 func (a trackerAdapter) Synced() bool { return a.t.Synced() }
 
+func (a trackerAdapter) NodeSynced() bool { return a.t.NodeSynced() }
+
 func (a trackerAdapter) Node() *objects.Node { return a.t.Node() }
 
 func (a trackerAdapter) Take() *Batch {
