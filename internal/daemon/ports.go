@@ -85,10 +85,11 @@ type Inputs struct {
 	Events EventSink
 }
 
-// EventSink records a Warning Event on a Service (uid its metadata.uid)
-// without blocking.
+// EventSink records Events without blocking: a Warning on a Service (uid
+// its metadata.uid), or one of type eventType on this node's Node.
 type EventSink interface {
 	ServiceWarning(key objects.Key, uid, reason, message string)
+	NodeEvent(eventType, reason, action, message string)
 }
 
 // InputsFunc builds the inputs for o: the file source when o.SourceFile is

@@ -7,10 +7,13 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/kproxy/kproxy/internal/conntrack"
 	"github.com/kproxy/kproxy/internal/dataplane"
+	"github.com/kproxy/kproxy/internal/health"
+	"github.com/kproxy/kproxy/internal/metrics"
 	"github.com/kproxy/kproxy/internal/model"
 	"github.com/kproxy/kproxy/internal/objects"
 )
@@ -38,6 +41,10 @@ func (d *daemon) serve(ctx context.Context) error {
 		return err
 	}
 	d.obs.Started(d.fams)
+	if d.inputs.Events != nil {
+		// Upstream's "birth cry", which `kubectl describe node` lists.
+		d.inputs.Events.NodeEvent(corev1.EventTypeNormal, "Starting", startAction, "")
+	}
 	wg.Go(func() { d.runner.Run(ctx) })
 	if d.o.ConfigFile != "" {
 		// Upstream fails to start without the watch; kproxy runs on
@@ -131,6 +138,23 @@ func (d *daemon) startServers(ctx context.Context, wg *sync.WaitGroup) error {
 	return nil
 }
 
+// startAction is the action of the Node Events about kproxy's start, as
+// upstream names it.
+const startAction = "StartKubeProxy"
+
+// serverFailure is the reason of the Warning Event upstream records on its
+// Node when a server fails under bindAddressHardFail: only the healthz and
+// metrics servers have one.
+func serverFailure(s Server) string {
+	switch s.(type) {
+	case *health.ProxyHealthServer:
+		return "FailedToStartProxierHealthcheck"
+	case *metrics.Server:
+		return "FailedToStartMetricServer"
+	}
+	return ""
+}
+
 // runServer keeps s serving: a failure ends the daemon when hardFail is
 // set, else it is logged and retried.
 func (d *daemon) runServer(ctx context.Context, s Server, hardFail bool) {
@@ -143,6 +167,9 @@ func (d *daemon) runServer(ctx context.Context, s Server, hardFail bool) {
 			err = errors.New("server stopped")
 		}
 		if hardFail {
+			if reason := serverFailure(s); reason != "" && d.inputs.Events != nil {
+				d.inputs.Events.NodeEvent(corev1.EventTypeWarning, reason, startAction, err.Error())
+			}
 			d.fail(err)
 			return
 		}

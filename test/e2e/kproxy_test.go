@@ -15,6 +15,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kproxy/kproxy/test/testbed/netbed"
 	"github.com/kproxy/kproxy/test/testbed/netbed/echo"
@@ -393,7 +394,28 @@ func testHealthAndMetrics(t *testing.T, c *cluster) {
 			return nil
 		}, "GET /metrics in %s", n.Spec.Name)
 		checkZpages(t, ctx, n)
+		c.checkStartingEvent(t, ctx, n.Spec.Name)
 	}
+}
+
+// checkStartingEvent: the proxy recorded its start on its Node (Normal,
+// reason Starting, action StartKubeProxy, reported by kube-proxy), which
+// `kubectl describe node` lists, as upstream's.
+func (c *cluster) checkStartingEvent(t *testing.T, ctx context.Context, node string) {
+	t.Helper()
+	eventually(t, c.exited, func() error {
+		list, err := c.api.cp.Client.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{
+			FieldSelector: "involvedObject.kind=Node,involvedObject.name=" + node + ",reason=Starting"})
+		if err != nil {
+			return err
+		}
+		for _, ev := range list.Items {
+			if ev.Type == v1.EventTypeNormal && ev.Action == "StartKubeProxy" && ev.ReportingController == "kube-proxy" {
+				return nil
+			}
+		}
+		return fmt.Errorf("no Starting event of kube-proxy on Node %s among %d", node, len(list.Items))
+	}, "the Starting event on Node %s", node)
 }
 
 // flagzLine is /flagz's line of --metrics-bind-address, whichever

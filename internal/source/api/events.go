@@ -71,13 +71,42 @@ func (e *Events) ServiceWarning(key objects.Key, uid, reason, message string) {
 	}
 }
 
+// NodeEvent queues an Event on this node's Node, as upstream's kube-proxy
+// records its start ("Starting", action "StartKubeProxy") and its servers'
+// failures: in the default namespace, reported by kube-proxy, named
+// uniquely (each start is its own Event).
+func (e *Events) NodeEvent(eventType, reason, action, message string) {
+	select {
+	case <-e.start:
+		go e.run()
+	default:
+	}
+	now := time.Now()
+	ev := &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", e.node, now.UnixNano()), Namespace: metav1.NamespaceDefault},
+		InvolvedObject: corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: e.node},
+		Reason:         reason, Message: message, Type: eventType, Action: action,
+		EventTime:           metav1.NewMicroTime(now),
+		ReportingController: nodeEventController, ReportingInstance: nodeEventController + "-" + e.node,
+	}
+	select {
+	case e.queue <- ev:
+	default:
+		e.logger.V(2).Info("Event queue full; dropping an Event", "node", e.node, "reason", reason)
+	}
+}
+
+// nodeEventController is who reports the Node's Events: kube-proxy, as
+// tools that look for a node's proxy starting expect.
+const nodeEventController = "kube-proxy"
+
 func (e *Events) run() {
 	for ev := range e.queue {
 		ctx, cancel := context.WithTimeout(context.Background(), eventTimeout)
 		err := e.c.core.Post().Namespace(ev.Namespace).Resource("events").Body(ev).Do(ctx).Error()
 		cancel()
 		if err != nil && !apierrors.IsAlreadyExists(err) {
-			e.logger.Info("Could not write an Event", "service", ev.InvolvedObject.Namespace+"/"+ev.InvolvedObject.Name, "reason", ev.Reason, "err", err)
+			e.logger.Info("Could not write an Event", "kind", ev.InvolvedObject.Kind, "object", ev.InvolvedObject.Namespace+"/"+ev.InvolvedObject.Name, "reason", ev.Reason, "err", err)
 		}
 	}
 }
