@@ -192,12 +192,16 @@ func dataplaneConfig(c *kpv1alpha1.KubeProxyConfiguration, ips nodeIPs, fams []m
 		Scheduler: c.IPVS.Scheduler, StrictARP: c.IPVS.StrictARP,
 		TCPTimeout: c.IPVS.TCPTimeout.Duration, TCPFinTimeout: c.IPVS.TCPFinTimeout.Duration, UDPTimeout: c.IPVS.UDPTimeout.Duration,
 	}
+	// Only IPVS mode reads (and upstream only validates) excludeCIDRs: a
+	// leftover bad entry does not stop the other modes.
 	for _, s := range c.IPVS.ExcludeCIDRs {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
-		if err != nil {
-			return cfg, fmt.Errorf("ipvs.excludeCIDRs: %w", err)
+		p, ok := model.ParsePrefix(s)
+		if !ok && c.Mode == ModeIPVS {
+			return cfg, fmt.Errorf("ipvs.excludeCIDRs: invalid CIDR %q", s)
 		}
-		cfg.IPVS.ExcludeCIDRs = append(cfg.IPVS.ExcludeCIDRs, p.Masked())
+		if ok {
+			cfg.IPVS.ExcludeCIDRs = append(cfg.IPVS.ExcludeCIDRs, p)
+		}
 	}
 	if cfg.LocalMode == dataplane.LocalClusterCIDR && c.ClusterCIDR != "" {
 		cidrs, err := parseCIDRs(c.ClusterCIDR)
@@ -296,12 +300,12 @@ func parseCIDRs(list string) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	var errs []error
 	for _, s := range strings.Split(list, ",") {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
-		if err != nil {
-			errs = append(errs, err)
+		p, ok := model.ParsePrefix(s) // sloppy, as upstream
+		if !ok {
+			errs = append(errs, fmt.Errorf("invalid CIDR %q", strings.TrimSpace(s)))
 			continue
 		}
-		out = append(out, p.Masked())
+		out = append(out, p)
 	}
 	return out, errors.Join(errs...)
 }

@@ -154,6 +154,18 @@ func TestDataplaneConfig(t *testing.T) {
 		want: dataplane.Config{Families: []model.Family{model.IPv4, model.IPv6},
 			NodePortAddresses: []string{"198.18.0.0/16", "fd00::/64"}, NodeIPs: addrs("198.18.1.1")},
 	}, {
+		name: "sloppy cluster CIDR; a bad excludeCIDRs entry only matters in ipvs mode",
+		cfg: kpv1alpha1.KubeProxyConfiguration{Mode: ModeNFTables, DetectLocalMode: "ClusterCIDR", ClusterCIDR: "010.0.0.0/8",
+			IPVS: kpv1alpha1.KubeProxyIPVSConfiguration{ExcludeCIDRs: []string{"10.0.0.1", "198.18.0.0/15"}}},
+		ips: v4,
+		want: dataplane.Config{Families: fams, LocalMode: dataplane.LocalClusterCIDR, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
+			IPVS: dataplane.IPVSConfig{ExcludeCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")}}, NodeIPs: addrs("198.18.1.1")},
+	}, {
+		name:    "bad excludeCIDRs entry in ipvs mode",
+		cfg:     kpv1alpha1.KubeProxyConfiguration{Mode: ModeIPVS, IPVS: kpv1alpha1.KubeProxyIPVSConfiguration{ExcludeCIDRs: []string{"10.0.0.1"}}},
+		ips:     v4,
+		wantErr: true,
+	}, {
 		name:    "bad cluster CIDR",
 		cfg:     kpv1alpha1.KubeProxyConfiguration{Mode: ModeNFTables, DetectLocalMode: "ClusterCIDR", ClusterCIDR: "nope"},
 		ips:     v4,
