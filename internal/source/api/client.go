@@ -3,6 +3,10 @@ package api
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"runtime/debug"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -21,6 +25,7 @@ import (
 
 	componentbaseconfig "k8s.io/component-base/config/v1alpha1"
 
+	"github.com/kproxy/kproxy/internal/config"
 	"github.com/kproxy/kproxy/internal/source"
 )
 
@@ -79,12 +84,33 @@ func NewClient(cc componentbaseconfig.ClientConnectionConfiguration, master stri
 	return c, nil
 }
 
+// userAgent is client-go's default form, "command/version (os/arch)
+// kubernetes/commit", with the kube-proxy release kproxy stands in for as
+// the version (upstream's binary sends its own release) and kproxy's
+// commit, so that the API server's audit log and per-client metrics see a
+// kube-proxy of the right release.
+func userAgent() string {
+	commit := "unknown"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 7 {
+				commit = s.Value[:7]
+			}
+		}
+	}
+	cmd := "kproxy"
+	if len(os.Args) > 0 && os.Args[0] != "" {
+		cmd = filepath.Base(os.Args[0])
+	}
+	return fmt.Sprintf("%s/%s (%s/%s) kubernetes/%s", cmd, config.UpstreamVersion, goruntime.GOOS, goruntime.GOARCH, commit)
+}
+
 // clientFor makes the REST clients of core/v1, discovery/v1 and
 // networking/v1 from cfg.
 func clientFor(cfg *rest.Config) (*Client, error) {
 	base := rest.CopyConfig(cfg)
 	if base.UserAgent == "" {
-		base.UserAgent = rest.DefaultKubernetesUserAgent()
+		base.UserAgent = userAgent()
 	}
 	if base.RateLimiter == nil && base.QPS > 0 {
 		if base.Burst <= 0 {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
+	goruntime "runtime"
 	"slices"
 	"testing"
 
@@ -146,5 +148,14 @@ func TestClientListsAndWatches(t *testing.T) {
 				t.Errorf("events = %q, want %q", got, want)
 			}
 		})
+	}
+}
+
+// TestUserAgent: client-go's default form with the kube-proxy release
+// kproxy stands in for, as upstream's binary sends its own.
+func TestUserAgent(t *testing.T) {
+	re := regexp.MustCompile(`^[^/ ]+/v1\.36\.\d+ \(` + goruntime.GOOS + `/` + goruntime.GOARCH + `\) kubernetes/[0-9a-z]+$`)
+	if ua := userAgent(); !re.MatchString(ua) {
+		t.Errorf("user agent %q does not match %s", ua, re)
 	}
 }
