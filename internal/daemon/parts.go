@@ -145,7 +145,24 @@ func (d *daemon) prepare(ctx context.Context) error {
 	if d.fams, err = families(ips.primary, d.env.ipv6()); err != nil {
 		return err
 	}
-	klog.FromContext(ctx).Info("Proxy families", "families", familyNames(d.fams), "primary", ips.primary, "nodeIPs", ips.known())
+	logger := klog.FromContext(ctx)
+	if known := ips.known(); len(known) > 0 {
+		logger.Info("Successfully retrieved NodeIPs", "NodeIPs", known)
+	} else {
+		logger.Info("Can't determine this node's IP, assuming loopback; if this is incorrect, please set the --bind-address flag")
+	}
+	logger.Info("Proxy families", "families", familyNames(d.fams), "primary", ips.primary, "nodeIPs", ips.known())
+	var podCIDRs []string
+	if node != nil {
+		podCIDRs = node.PodCIDRs
+	}
+	warnings, fatal := checkConfig(d.o.Config, ips.primary, d.fams, podCIDRs, nodePortAddresses(d.o.Config.NodePortAddresses, ips))
+	for _, w := range warnings {
+		logger.Error(w, "Kube-proxy configuration may be incomplete or incorrect")
+	}
+	if fatal != nil {
+		return fmt.Errorf("kube-proxy configuration is incorrect: %w", fatal)
+	}
 	cfg, err := dataplaneConfig(d.o.Config, ips, d.fams)
 	if err != nil {
 		return err

@@ -33,6 +33,11 @@ func (d *daemon) serve(ctx context.Context) error {
 	if err := d.prepare(ctx); err != nil {
 		return err
 	}
+	if in, ok := d.dp.(dataplane.Initializer); ok {
+		if err := in.Init(ctx); err != nil {
+			return fmt.Errorf("initializing the %s dataplane: %w", d.mode, err)
+		}
+	}
 	d.applyOOMScoreAdj(ctx)
 	if err := conntrack.ApplySysctls(ctx, &d.o.Config.Conntrack, d.env.numCPU(), d.env.sysctls); err != nil {
 		return fmt.Errorf("could not set conntrack parameters from kube-proxy configuration: %w", err)

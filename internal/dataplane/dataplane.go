@@ -83,6 +83,13 @@ type OpCounter interface {
 	LastSyncOps() int
 }
 
+// Initializer is a dataplane with node settings to make once before its
+// first sync, whose failure must stop the proxy (upstream fails to create
+// its proxier): iptables mode's route_localnet for NodePorts on localhost.
+type Initializer interface {
+	Init(ctx context.Context) error
+}
+
 // FullReporter is a dataplane whose sync may be full when the request did
 // not ask for it (a Node change, a failed sync before): LastSyncFull says
 // whether the last sync, successful or not, rewrote everything, so that

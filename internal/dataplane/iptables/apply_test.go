@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -327,5 +328,40 @@ func TestLastSyncFull(t *testing.T) {
 		if got := p.LastSyncFull(); got != step.want {
 			t.Errorf("after %+v: LastSyncFull %v, want %v", step.req, got, step.want)
 		}
+	}
+}
+
+// readOnlySysctl refuses every write, as a read-only /proc/sys does.
+type readOnlySysctl struct{}
+
+func (readOnlySysctl) Get(string) (int, error) { return 0, nil }
+func (readOnlySysctl) Set(n string, _ int) error {
+	return fmt.Errorf("open /proc/sys/%s: read-only file system", n)
+}
+
+// TestInitSetsRouteLocalnet: Init sets route_localnet when NodePorts
+// answer on localhost, and fails when it cannot (upstream's proxier does
+// not start); with localhost NodePorts off it leaves the sysctl alone.
+func TestInitSetsRouteLocalnet(t *testing.T) {
+	ctx := context.Background()
+	p, _, sc := newTestProxier(t)
+	if err := p.Init(ctx); err != nil || sc[sysctlRouteLocalnet] != 1 {
+		t.Errorf("Init: %v, route_localnet %d", err, sc[sysctlRouteLocalnet])
+	}
+	ro, err := New(dptest.Config(), WithExec(newFakeKernel()), WithSysctl(readOnlySysctl{}), WithBackend(BackendNFT))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ro.Init(ctx); err == nil || !strings.Contains(err.Error(), "route_localnet") {
+		t.Errorf("Init with a read-only sysctl: %v, want the route_localnet error", err)
+	}
+	cfg := dptest.Config()
+	cfg.NoLocalhostNodePorts = true
+	off, err := New(cfg, WithExec(newFakeKernel()), WithSysctl(readOnlySysctl{}), WithBackend(BackendNFT))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := off.Init(ctx); err != nil {
+		t.Errorf("Init without localhost NodePorts: %v", err)
 	}
 }

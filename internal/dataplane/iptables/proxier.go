@@ -178,12 +178,22 @@ func (p *Proxier) RuleCounts() []dataplane.RuleCount {
 	return out
 }
 
+// Init implements dataplane.Initializer: route_localnet is set (when
+// localhost NodePorts are on) before the first sync, and a failure stops
+// the proxy, as upstream's iptables proxier fails to start.
+func (p *Proxier) Init(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.prepareSysctls(ctx)
+}
+
 // prepareSysctls sets route_localnet when localhost NodePorts are on and
-// reads nf_conntrack_tcp_be_liberal; done before each full sync.
+// reads nf_conntrack_tcp_be_liberal; done at Init and before each full
+// sync (someone may have reset it).
 func (p *Proxier) prepareSysctls(ctx context.Context) error {
 	if LocalhostNodePortsActive(p.params()) && hasFamily(p.cfg.Families, model.IPv4) {
 		if v, err := p.sysctl.Get(sysctlRouteLocalnet); err != nil || v != 1 {
-			klog.FromContext(ctx).Info("Setting route_localnet=1 for NodePorts on localhost")
+			klog.FromContext(ctx).Info("Setting route_localnet=1 to allow node-ports on localhost; to change this either disable iptables.localhostNodePorts (--iptables-localhost-nodeports) or set nodePortAddresses (--nodeport-addresses) to filter loopback addresses")
 			if err := p.sysctl.Set(sysctlRouteLocalnet, 1); err != nil {
 				return fmt.Errorf("setting %s: %w", sysctlRouteLocalnet, err)
 			}
