@@ -47,7 +47,8 @@ func (d *daemon) serve(ctx context.Context) error {
 	}
 	d.obs.Started(d.fams)
 	if d.inputs.Events != nil {
-		// Upstream's "birth cry", which `kubectl describe node` lists.
+		// Upstream's "birth cry" (like upstream's, without the Node's
+		// UID: kubectl get events lists it, describe node does not).
 		d.inputs.Events.NodeEvent(corev1.EventTypeNormal, "Starting", startAction, "")
 	}
 	wg.Go(func() { d.runner.Run(ctx) })

@@ -82,8 +82,8 @@ func TestZpages(t *testing.T) {
 			}
 		})
 	}
-	rec := httptest.NewRecorder()
 	for _, path := range []string{"/statusz", "/flagz"} {
+		rec := httptest.NewRecorder()
 		NewServer(ServerConfig{}).Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
 		if rec.Code != http.StatusNotFound {
 			t.Errorf("%s without its gate: status %d, want 404", path, rec.Code)

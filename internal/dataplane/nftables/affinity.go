@@ -64,19 +64,18 @@ func (st *famState) sweepOnce(ctx context.Context) error {
 	if err != nil || len(elems) == 0 {
 		return err
 	}
-	var live map[uint32]bool
-	if st.affinityAll {
-		live = map[uint32]bool{}
-		for _, ps := range st.cur.Ports {
-			for _, id := range ps.Affinity {
-				live[id] = true
-			}
+	// An id some port has now is never swept: its endpoint may be back
+	// (after a failed sync or sweep), or two ports' 32-bit ids collide.
+	live := map[uint32]bool{}
+	for _, ps := range st.cur.Ports {
+		for _, id := range ps.Affinity {
+			live[id] = true
 		}
 	}
 	var dels []op
 	for _, k := range slices.Sorted(maps.Keys(elems)) {
 		id, ok := affinityID(k)
-		if ok && (st.affinityGone[id] || (live != nil && !live[id])) {
+		if ok && !live[id] && (st.affinityGone[id] || st.affinityAll) {
 			dels = append(dels, elemOp(opDelete, &element{Set: setAffinity, Key: k}, false))
 		}
 	}

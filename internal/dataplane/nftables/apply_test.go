@@ -724,6 +724,13 @@ func TestApplyAffinitySweep(t *testing.T) {
 	if got, want := clients(), []string{strings.Join(kept, fieldSep)}; !slices.Equal(got, want) {
 		t.Errorf("after a full sync: affinity elements %q, want %q", got, want)
 	}
+	// An id noted gone that a port has again (its endpoint came back
+	// before a failed sync or sweep was redone) is not swept.
+	e.p.fams[model.IPv4].affinityGone = map[uint32]bool{idOf(e2): true}
+	e.sync(snap, dataplane.SyncRequest{Changed: map[objects.Key]struct{}{id.Service(): {}}})
+	if got, want := clients(), []string{strings.Join(kept, fieldSep)}; !slices.Equal(got, want) {
+		t.Errorf("after a live id was noted gone: affinity elements %q, want %q", got, want)
+	}
 	// The Service goes: every element of its ids goes.
 	e.sync(dptest.Snapshot(), dataplane.SyncRequest{Changed: map[objects.Key]struct{}{id.Service(): {}}})
 	if got := clients(); len(got) != 0 {
