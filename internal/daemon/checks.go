@@ -8,6 +8,7 @@ import (
 
 	kpv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
 
+	"github.com/kproxy/kproxy/internal/dataplane"
 	"github.com/kproxy/kproxy/internal/model"
 )
 
@@ -47,7 +48,7 @@ func checkConfig(c *kpv1alpha1.KubeProxyConfiguration, primary model.Family, fam
 	var fatals []error
 	if onlyOther(clusterCIDRs) {
 		err := fmt.Errorf("cluster is %s but clusterCIDRs contains only %s addresses", kind, other)
-		if c.DetectLocalMode == "ClusterCIDR" && !dual {
+		if dataplane.LocalMode(c.DetectLocalMode) == dataplane.LocalClusterCIDR && !dual {
 			fatals = append(fatals, err)
 		} else {
 			warnings = append(warnings, err)
@@ -55,7 +56,7 @@ func checkConfig(c *kpv1alpha1.KubeProxyConfiguration, primary model.Family, fam
 	}
 	if onlyOther(podCIDRs) {
 		err := fmt.Errorf("cluster is %s but node.spec.podCIDRs contains only %s addresses", kind, other)
-		if c.DetectLocalMode == "NodeCIDR" {
+		if dataplane.LocalMode(c.DetectLocalMode) == dataplane.LocalNodeCIDR {
 			fatals = append(fatals, err)
 		} else {
 			warnings = append(warnings, err)

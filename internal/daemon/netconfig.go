@@ -263,14 +263,8 @@ func completeFamilies(cidrs []string, fams []model.Family) []string {
 	return out
 }
 
-func hasCIDROf(cidrs []string, f model.Family) bool {
-	for _, s := range cidrs {
-		if p, ok := model.ParsePrefix(s); ok && model.FamilyOf(p.Addr()) == f {
-			return true
-		}
-	}
-	return false
-}
+// hasCIDROf reports whether cidrs holds a CIDR of family f.
+func hasCIDROf(cidrs []string, f model.Family) bool { return familyCount(cidrs, f) > 0 }
 
 // localhostNodePorts reports whether iptables mode answers NodePorts on
 // 127.0.0.1 (and so needs route_localnet=1): iptables.localhostNodePorts is
