@@ -25,6 +25,9 @@ type famState struct {
 	// sync or a detected drift: the next sync is then full.
 	valid bool
 	large bool
+	// full is whether the family's last sync was full (asked for, or a
+	// partial one that had to rewrite everything).
+	full  bool
 	ports map[model.PortID]*portRules
 	// shared holds the rules of the non-per-port chains last written,
 	// keyed by "table/chain".
@@ -236,6 +239,7 @@ func jumpSources(jumps []Jump, table string) func(string) bool {
 // chains found in the kernel. Nothing is flushed as a whole, so traffic
 // keeps flowing across a restart.
 func (p *Proxier) fullSync(ctx context.Context, st *famState, snap *model.Snapshot) error {
+	st.full = true
 	if err := p.prepareSysctls(ctx); err != nil {
 		return err
 	}

@@ -308,21 +308,31 @@ func ruleTexts(rules []rule) []string {
 	return out
 }
 
-// TestLastSyncFull: the first sync and a Node change are full without the
-// request asking, and LastSyncFull says so.
+// TestLastSyncFull: the first sync, a Node change and a change that
+// crosses the large-cluster bound (every endpoint comment changes) are
+// full without the request asking, and LastSyncFull says so.
 func TestLastSyncFull(t *testing.T) {
 	p, _, _ := newTestProxier(t)
-	snap := twoServices(dptest.EP("198.18.65.10", 80, false))
+	small := twoServices(dptest.EP("198.18.65.10", 80, false))
+	var many []*model.Endpoint
+	for i := range largeClusterEndpoints + 1 {
+		many = append(many, dptest.EP(fmt.Sprintf("198.18.%d.%d", 70+i/250, 1+i%250), 80, false))
+	}
+	large := twoServices(many...)
 	for _, step := range []struct {
+		snap *model.Snapshot
 		req  dataplane.SyncRequest
 		want bool
 	}{
-		{changed("a"), true},
-		{changed("a"), false},
-		{dataplane.SyncRequest{NodeChanged: true}, true},
-		{changed("b"), false},
+		{small, changed("a"), true},
+		{small, changed("a"), false},
+		{small, dataplane.SyncRequest{NodeChanged: true}, true},
+		{small, changed("b"), false},
+		{large, changed("a"), true},
+		{large, changed("a"), false},
+		{small, changed("a"), true},
 	} {
-		if err := p.Sync(context.Background(), snap, step.req); err != nil {
+		if err := p.Sync(context.Background(), step.snap, step.req); err != nil {
 			t.Fatal(err)
 		}
 		if got := p.LastSyncFull(); got != step.want {

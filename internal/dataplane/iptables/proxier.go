@@ -141,7 +141,7 @@ func (p *Proxier) Sync(ctx context.Context, snap *model.Snapshot, req dataplane.
 			p.fams[f] = st
 		}
 		full := req.Full || req.NodeChanged || !st.valid
-		p.lastFull = p.lastFull || full
+		st.full = false
 		st.writtenMu.Lock()
 		st.written = map[string]int{}
 		st.writtenMu.Unlock()
@@ -151,6 +151,7 @@ func (p *Proxier) Sync(ctx context.Context, snap *model.Snapshot, req dataplane.
 		} else {
 			err = p.partialSync(ctx, st, snap, req.Changed)
 		}
+		p.lastFull = p.lastFull || st.full
 		if err != nil {
 			st.valid = false // the next sync is full
 			errs = append(errs, fmt.Errorf("%s iptables sync (full=%v): %w", f, full, err))
