@@ -20,6 +20,10 @@ func (f *fakeEvents) ServiceWarning(key objects.Key, uid, reason, message string
 	f.got = append(f.got, recordedEvent{key.String(), uid, reason, message})
 }
 
+func (f *fakeEvents) ProxyServiceWarning(key objects.Key, reason, action, message string) {
+	f.got = append(f.got, recordedEvent{key.String(), action, reason, message})
+}
+
 func (f *fakeEvents) NodeEvent(eventType, reason, action, message string) {
 	f.got = append(f.got, recordedEvent{"node", eventType + "/" + action, reason, message})
 }

@@ -86,9 +86,12 @@ type Inputs struct {
 }
 
 // EventSink records Events without blocking: a Warning on a Service (uid
-// its metadata.uid), or one of type eventType on this node's Node.
+// its metadata.uid) about its input, one on a Service about what this
+// node's proxy could not do for it (reported by kube-proxy with an action,
+// as upstream's), or one of type eventType on this node's Node.
 type EventSink interface {
 	ServiceWarning(key objects.Key, uid, reason, message string)
+	ProxyServiceWarning(key objects.Key, reason, action, message string)
 	NodeEvent(eventType, reason, action, message string)
 }
 

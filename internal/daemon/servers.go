@@ -13,6 +13,7 @@ import (
 	"github.com/kproxy/kproxy/internal/health"
 	"github.com/kproxy/kproxy/internal/metrics"
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/objects"
 	"github.com/kproxy/kproxy/internal/source/api"
 )
 
@@ -36,6 +37,22 @@ type ServerParams struct {
 	// Relays reads the userspace mode's relay counters; nil in the other
 	// modes.
 	Relays metrics.RelayReader
+	// Events, when set, records a Warning on a Service whose health-check
+	// node port could not be opened.
+	Events EventSink
+}
+
+// listenFailedEvent records, as upstream does on every sync that fails to
+// open it, a FailedToStartServiceHealthcheck Warning (action Listen) on the
+// Service whose health-check node port could not be opened; nil without
+// a sink.
+func listenFailedEvent(events EventSink) func(objects.Key, uint16, error) {
+	if events == nil {
+		return nil
+	}
+	return func(key objects.Key, _ uint16, err error) {
+		events.ProxyServiceWarning(key, "FailedToStartServiceHealthcheck", "Listen", err.Error())
+	}
 }
 
 // defaultServers builds the proxy health server, one health-check node port
@@ -63,6 +80,7 @@ func defaultServers(p ServerParams) ([]Server, []Observer, error) {
 		shs := health.NewServiceHealthServer(health.ServiceConfig{
 			NodeName: p.NodeName, Family: f, NodePortAddresses: p.NodePortAddresses,
 			Proxy: hs, Logger: klog.Background().WithValues("family", f.String()),
+			ListenFailed: listenFailedEvent(p.Events),
 		})
 		obs.services[f] = shs
 		servers = append(servers, shs)

@@ -1,10 +1,14 @@
 package daemon
 
 import (
+	"fmt"
+	"net"
+	"strings"
 	"testing"
 
 	"github.com/kproxy/kproxy/internal/config"
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/objects"
 )
 
 // TestHealthBeforeFirstSync: as upstream, /healthz is healthy from the
@@ -46,5 +50,40 @@ func TestHealthBeforeFirstSync(t *testing.T) {
 				t.Errorf("NodeEligible = %v, want %v", got, tc.wantEligible)
 			}
 		})
+	}
+}
+
+// TestHealthCheckListenEvent: a health-check node port that cannot be
+// opened (here: taken on 127.0.0.1) is a FailedToStartServiceHealthcheck
+// Warning on its Service, action Listen, with upstream's message.
+func TestHealthCheckListenEvent(t *testing.T) {
+	busy, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	port := uint16(busy.Addr().(*net.TCPAddr).Port)
+	o := &config.Options{Config: config.NewDefault()}
+	o.Config.HealthzBindAddress = "127.0.0.1:0"
+	o.Config.MetricsBindAddress = "127.0.0.1:0"
+	ev := &fakeEvents{}
+	_, obs, err := defaultServers(ServerParams{Options: o, NodeName: "n1", Mode: ModeNFTables, Families: []model.Family{model.IPv4},
+		NodePortAddresses: []string{"127.0.0.1/32"}, Node: func() model.NodeInfo { return model.NodeInfo{Name: "n1", Known: true} }, Events: ev})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shs := obs[0].(*serverObserver).services[model.IPv4]
+	t.Cleanup(shs.Close)
+	key := objects.Key{Namespace: "ns", Name: "lb"}
+	if err := shs.SyncServices(map[objects.Key]uint16{key: port}); err == nil {
+		t.Fatal("SyncServices opened a port that is taken")
+	}
+	if len(ev.got) != 1 {
+		t.Fatalf("events %+v, want one", ev.got)
+	}
+	got := ev.got[0]
+	wantMsg := fmt.Sprintf(`node n1 failed to start healthcheck "ns/lb" on port %d: `, port)
+	if got.key != "ns/lb" || got.reason != "FailedToStartServiceHealthcheck" || got.uid != "Listen" || !strings.HasPrefix(got.message, wantMsg) {
+		t.Errorf("event %+v, want %s FailedToStartServiceHealthcheck/Listen %q…", got, key, wantMsg)
 	}
 }

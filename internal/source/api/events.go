@@ -46,15 +46,10 @@ func NewEvents(c *Client, node string, logger klog.Logger) *Events {
 // ServiceWarning queues a Warning Event on the Service key (uid its
 // metadata.uid) with reason (CamelCase) and message.
 func (e *Events) ServiceWarning(key objects.Key, uid, reason, message string) {
-	select {
-	case <-e.start:
-		go e.run()
-	default:
-	}
 	now := metav1.Now()
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00%s", key, uid, e.node, reason, message)
-	ev := &corev1.Event{
+	e.enqueue(&corev1.Event{
 		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s.%016x", key.Name, h.Sum64()), Namespace: key.Namespace},
 		InvolvedObject: corev1.ObjectReference{
 			Kind: "Service", APIVersion: "v1", Namespace: key.Namespace, Name: key.Name, UID: types.UID(uid),
@@ -63,11 +58,40 @@ func (e *Events) ServiceWarning(key objects.Key, uid, reason, message string) {
 		Source:         corev1.EventSource{Component: "kproxy", Host: e.node},
 		FirstTimestamp: now, LastTimestamp: now, Count: 1,
 		ReportingController: "kproxy", ReportingInstance: e.node,
+	})
+}
+
+// ProxyServiceWarning queues a Warning Event on the Service key about what
+// this node's proxy could not do for it, as upstream's kube-proxy records
+// one (a health-check node port it could not open: reason
+// FailedToStartServiceHealthcheck, action Listen): reported by kube-proxy,
+// and named by a hash of the Service, node, reason and message, so that a
+// failure repeated at every sync is one Event.
+func (e *Events) ProxyServiceWarning(key objects.Key, reason, action, message string) {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s", key, e.node, reason, message)
+	now := time.Now()
+	e.enqueue(&corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("%s.%016x", key.Name, h.Sum64()), Namespace: key.Namespace},
+		InvolvedObject: corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: key.Namespace, Name: key.Name},
+		Reason:         reason, Message: message, Type: corev1.EventTypeWarning, Action: action,
+		EventTime:           metav1.NewMicroTime(now),
+		ReportingController: nodeEventController, ReportingInstance: nodeEventController + "-" + e.node,
+	})
+}
+
+// enqueue queues ev without blocking, starting the writer with the first.
+func (e *Events) enqueue(ev *corev1.Event) {
+	select {
+	case <-e.start:
+		go e.run()
+	default:
 	}
 	select {
 	case e.queue <- ev:
 	default:
-		e.logger.V(2).Info("Event queue full; dropping an Event", "service", key.String(), "reason", reason)
+		e.logger.V(2).Info("Event queue full; dropping an Event", "kind", ev.InvolvedObject.Kind,
+			"object", ev.InvolvedObject.Namespace+"/"+ev.InvolvedObject.Name, "reason", ev.Reason)
 	}
 }
 
@@ -76,24 +100,14 @@ func (e *Events) ServiceWarning(key objects.Key, uid, reason, message string) {
 // failures: in the default namespace, reported by kube-proxy, named
 // uniquely (each start is its own Event).
 func (e *Events) NodeEvent(eventType, reason, action, message string) {
-	select {
-	case <-e.start:
-		go e.run()
-	default:
-	}
 	now := time.Now()
-	ev := &corev1.Event{
+	e.enqueue(&corev1.Event{
 		ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", e.node, now.UnixNano()), Namespace: metav1.NamespaceDefault},
 		InvolvedObject: corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: e.node},
 		Reason:         reason, Message: message, Type: eventType, Action: action,
 		EventTime:           metav1.NewMicroTime(now),
 		ReportingController: nodeEventController, ReportingInstance: nodeEventController + "-" + e.node,
-	}
-	select {
-	case e.queue <- ev:
-	default:
-		e.logger.V(2).Info("Event queue full; dropping an Event", "node", e.node, "reason", reason)
-	}
+	})
 }
 
 // nodeEventController is who reports the Node's Events: kube-proxy, as
