@@ -116,6 +116,9 @@ type SyncReport struct {
 	Programmed time.Time
 	// Err is nil for a successful sync.
 	Err error
+	// CleanupFailed are the families whose deletion of stale objects
+	// failed (dataplane.CleanupReporter), whatever Err says.
+	CleanupFailed []model.Family
 	// Snapshot is the snapshot programmed (nil when the sync failed).
 	Snapshot *model.Snapshot
 	// Pending is how many Services had pending changes in this sync.

@@ -166,6 +166,9 @@ func (o *serverObserver) Synced(r SyncReport) {
 			}
 		}
 	}
+	for _, f := range r.CleanupFailed {
+		o.metrics.NFTablesCleanupFailed(f)
+	}
 	for _, c := range r.Rules {
 		o.metrics.IPTablesRules(c.Family, c.Table, c.Total, c.LastSync)
 	}

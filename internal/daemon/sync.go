@@ -41,6 +41,9 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 	if fr, ok := d.dp.(dataplane.FullReporter); ok {
 		report.Full = fr.LastSyncFull()
 	}
+	if cr, ok := d.dp.(dataplane.CleanupReporter); ok {
+		report.CleanupFailed = cr.LastSyncCleanupFailed()
+	}
 	if err != nil {
 		report.Duration = d.env.clock.Since(start)
 		d.obs.Synced(report)

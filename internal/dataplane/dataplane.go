@@ -98,6 +98,14 @@ type FullReporter interface {
 	LastSyncFull() bool
 }
 
+// CleanupReporter is implemented by a Dataplane that deletes stale
+// objects apart from its sync's main transaction (nftables, as upstream's
+// deletes stale chains): the families whose deletion failed in the last
+// Sync, counted as upstream counts its cleanup failures.
+type CleanupReporter interface {
+	LastSyncCleanupFailed() []model.Family
+}
+
 // RuleCount is one table's rules in one family: owned, and written by the
 // last sync.
 type RuleCount struct {

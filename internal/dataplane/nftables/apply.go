@@ -42,7 +42,10 @@ type famState struct {
 	// lastFull is whether that sync was full.
 	lastOps  int
 	lastFull bool
-	now      time.Time // start of the current sync
+	// cleanupFailed is whether the sync's deletion of stale objects
+	// failed (kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total).
+	cleanupFailed bool
+	now           time.Time // start of the current sync
 	// affinityGone are affinity ids whose endpoints left, and affinityAll
 	// asks to sweep every id no port has: sweepAffinity's work.
 	affinityGone map[uint32]bool
@@ -132,6 +135,7 @@ func newFamState(fam model.Family, k kernel) *famState {
 func (st *famState) sync(ctx context.Context, cfg dataplane.Config, fs *model.FamilySnapshot, node model.NodeInfo, req dataplane.SyncRequest, now time.Time) error {
 	logger := klog.FromContext(ctx)
 	st.now = now
+	st.cleanupFailed = false
 	st.deleteStale(ctx)
 	full := req.Full || req.NodeChanged || !st.valid || st.cur == nil
 	st.lastFull = full

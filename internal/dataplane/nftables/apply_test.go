@@ -759,3 +759,61 @@ func TestLastSyncFull(t *testing.T) {
 		}
 	}
 }
+
+// deleteFailingNFT fails the transactions that delete a chain while fail
+// is set: the stale deletion's.
+type deleteFailingNFT struct {
+	knftables.Interface
+	fail bool
+}
+
+func (f *deleteFailingNFT) Run(ctx context.Context, tx *knftables.Transaction) error {
+	if f.fail && strings.Contains(tx.String(), "delete chain") {
+		return failErr{}
+	}
+	return f.Interface.Run(ctx, tx)
+}
+
+// TestCleanupFailureReported: a failed deletion of stale chains does not
+// fail the sync but is reported for its family (upstream's
+// kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total), and only
+// for the sync in which it failed.
+func TestCleanupFailureReported(t *testing.T) {
+	k := newFakeKernel()
+	fake := k.fake(model.IPv4)
+	f := &deleteFailingNFT{Interface: fake}
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	cfg := dptest.Config()
+	cfg.Families = []model.Family{model.IPv4}
+	p, _ := New(cfg, WithNFT(func(fam knftables.Family, table string) (knftables.Interface, error) {
+		if fam == knftables.IPv4Family && table == DefaultTableName {
+			return f, nil
+		}
+		return k.open(fam, table)
+	}), WithClock(clk))
+	ctx := context.Background()
+	one := dptest.Snapshot(dptest.Svc("ns", "one", "198.19.0.30", 80, dptest.WithEPs(dptest.EP("198.18.65.10", 8080, false))))
+	if err := p.Sync(ctx, one, dataplane.SyncRequest{Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct {
+		fail bool
+		want []model.Family
+	}{
+		{false, nil}, // the port's chains become stale
+		{true, []model.Family{model.IPv4}},
+		{false, nil},
+	} {
+		f.fail = step.fail
+		if err := p.Sync(ctx, dptest.Snapshot(), dataplane.SyncRequest{Changed: map[objects.Key]struct{}{{Namespace: "ns", Name: "one"}: {}}}); err != nil {
+			t.Fatalf("Sync (stale deletion failing: %v): %v", step.fail, err)
+		}
+		if got := p.LastSyncCleanupFailed(); !slices.Equal(got, step.want) {
+			t.Errorf("stale deletion failing %v: LastSyncCleanupFailed %v, want %v", step.fail, got, step.want)
+		}
+		clk.Step(2 * staleDelay)
+	}
+	if strings.Contains(fake.Dump(), "chain ip kube-proxy svc-") {
+		t.Errorf("the stale chains were not deleted after the failure:\n%s", fake.Dump())
+	}
+}

@@ -181,6 +181,7 @@ func (st *famState) deleteStale(ctx context.Context) {
 	if err := st.kern.Apply(ctx, opList{chains, sets}); err != nil {
 		klog.FromContext(ctx).Error(err, "Deleting stale nftables objects failed; the next sync re-reads the table", "family", st.fam)
 		st.valid = false
+		st.cleanupFailed = true
 	}
 }
 

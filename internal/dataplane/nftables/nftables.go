@@ -178,6 +178,20 @@ func (p *Proxier) LastSyncFull() bool {
 	return false
 }
 
+// LastSyncCleanupFailed implements dataplane.CleanupReporter: the
+// families whose deletion of stale chains and sets failed in the last Sync.
+func (p *Proxier) LastSyncCleanupFailed() []model.Family {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []model.Family
+	for _, f := range p.cfg.Families {
+		if st := p.fams[f]; st != nil && st.cleanupFailed {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
 // SetServiceCIDRs replaces Config.ServiceCIDRs, the cluster's service IP
 // ranges (both families mixed; from the ServiceCIDR objects, as upstream's
 // OnServiceCIDRsChanged receives them). New connections to an address in
