@@ -124,7 +124,15 @@ type serverObserver struct {
 }
 
 // The change-event methods make serverObserver a ChangeObserver.
-func (o *serverObserver) ServiceChanged(pending int)   { o.metrics.ServiceChanged(pending) }
+//
+// A Service event counts once per family proxied, as upstream's dual-stack
+// proxy hands each Service event to both of its per-family proxiers, each
+// counting it; an EndpointSlice belongs to one family and counts once.
+func (o *serverObserver) ServiceChanged(pending int) {
+	for range max(len(o.services), 1) {
+		o.metrics.ServiceChanged(pending)
+	}
+}
 func (o *serverObserver) EndpointsChanged(pending int) { o.metrics.EndpointsChanged(pending) }
 func (o *serverObserver) ChangesPending(services, endpoints int) {
 	o.metrics.ChangesPending(services, endpoints)

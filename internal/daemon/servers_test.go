@@ -3,10 +3,12 @@ package daemon
 import (
 	"fmt"
 	"net"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/kproxy/kproxy/internal/config"
+	"github.com/kproxy/kproxy/internal/metrics"
 	"github.com/kproxy/kproxy/internal/model"
 	"github.com/kproxy/kproxy/internal/objects"
 )
@@ -86,4 +88,47 @@ func TestHealthCheckListenEvent(t *testing.T) {
 	if got.key != "ns/lb" || got.reason != "FailedToStartServiceHealthcheck" || got.uid != "Listen" || !strings.HasPrefix(got.message, wantMsg) {
 		t.Errorf("event %+v, want %s FailedToStartServiceHealthcheck/Listen %q…", got, key, wantMsg)
 	}
+}
+
+// TestServiceChangesPerFamily: in dual-stack a Service event counts once
+// per family (upstream hands it to both per-family proxiers), an
+// EndpointSlice event once.
+func TestServiceChangesPerFamily(t *testing.T) {
+	for _, tc := range []struct {
+		fams                   []model.Family
+		wantSvc, wantEndpoints string
+	}{
+		{[]model.Family{model.IPv4}, "1", "1"},
+		{[]model.Family{model.IPv4, model.IPv6}, "2", "1"},
+	} {
+		o := &config.Options{Config: config.NewDefault()}
+		o.Config.HealthzBindAddress = "127.0.0.1:0"
+		o.Config.MetricsBindAddress = "127.0.0.1:0"
+		servers, obs, err := defaultServers(ServerParams{Options: o, NodeName: "n1", Mode: ModeNFTables, Families: tc.fams,
+			Node: func() model.NodeInfo { return model.NodeInfo{Name: "n1", Known: true} }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		so := obs[0].(*serverObserver)
+		so.ServiceChanged(1)
+		so.EndpointsChanged(1)
+		rec := httptest.NewRecorder()
+		servers[len(servers)-1].(*metrics.Server).Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		body := rec.Body.String()
+		for name, want := range map[string]string{"kubeproxy_sync_proxy_rules_service_changes_total": tc.wantSvc, "kubeproxy_sync_proxy_rules_endpoint_changes_total": tc.wantEndpoints} {
+			if !strings.Contains(body, "\n"+name+" "+want+"\n") {
+				t.Errorf("%v: want %s %s in:\n%s", tc.fams, name, want, grepLines(body, name))
+			}
+		}
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
