@@ -5,12 +5,15 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/kproxy/kproxy/internal/explain"
@@ -283,4 +286,58 @@ func testTopologyHints(t *testing.T, b *fbed, f family) {
 	}
 	got := waitForPods(t, b.exited, on2[1].Netns, req(echo.ProtoTCP, vip, 80), on2...)
 	b.explainAgrees(t, b.node(1), podIP(on2[1], f), req(echo.ProtoTCP, vip, 80), got)
+}
+
+// testHealthCheckPortTaken: a health-check node port another process
+// holds on node1 when the proxy starts there is not served by it; the
+// proxy records a FailedToStartServiceHealthcheck Warning on the Service
+// (action Listen, reported by kube-proxy, naming the node and the port),
+// as upstream's, and opens the port at a later sync once it is free.
+func testHealthCheckPortTaken(t *testing.T, b *fbed, f family) {
+	svc := b.applyService(t, svcName("hctaken", f), v1.ServiceTypeLoadBalancer, withETPLocal)
+	local := b.podsOn("node1")
+	b.setSlices(t, svc.Name, nil, readyEPs(local...))
+	n1 := b.node(0)
+	b.checkHealthCheckNodePort(t, svc, f, map[*netbed.Node]int{n1: len(local)})
+
+	kp := b.kproxys[n1.Spec.Name]
+	if err := kp.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	var l net.Listener
+	if err := n1.Netns.Do(func() (err error) {
+		l, err = net.Listen("tcp", fmt.Sprintf(":%d", svc.Spec.HealthCheckNodePort))
+		return err
+	}); err != nil {
+		t.Fatalf("taking the health-check node port in node1: %v", err)
+	}
+	defer l.Close()
+	if err := kp.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	b.waitHealthy(t)
+	ctx := context.Background()
+	want := fmt.Sprintf("on port %d", svc.Spec.HealthCheckNodePort)
+	eventually(t, b.exited, func() error {
+		list, err := b.api.cp.Client.CoreV1().Events(svc.Namespace).List(ctx, metav1.ListOptions{
+			FieldSelector: "involvedObject.kind=Service,involvedObject.name=" + svc.Name + ",reason=FailedToStartServiceHealthcheck"})
+		if err != nil {
+			return err
+		}
+		for _, ev := range list.Items {
+			if ev.Type == v1.EventTypeWarning && ev.Action == "Listen" && ev.ReportingController == "kube-proxy" &&
+				strings.Contains(ev.Message, "node1") && strings.Contains(ev.Message, want) {
+				t.Logf("event: %s %s (%s): %s", ev.Type, ev.Reason, ev.ReportingInstance, ev.Message)
+				return nil
+			}
+		}
+		return fmt.Errorf("no FailedToStartServiceHealthcheck Warning naming node1 %s among %d", want, len(list.Items))
+	}, "the health-check port's Warning on %s", svc.Name)
+
+	// Freed, the port opens at the next sync (an endpoint change).
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b.setSlices(t, svc.Name, nil, readyEPs(local[:1]...))
+	b.checkHealthCheckNodePort(t, svc, f, map[*netbed.Node]int{n1: 1})
 }

@@ -102,6 +102,7 @@ var featureCases = []fcase{
 	// features_policy_test.go
 	{"SessionAffinityClientIP", testSessionAffinity},
 	{"ExternalTrafficPolicyLocal", testExternalTrafficPolicyLocal},
+	{"HealthCheckPortTaken", testHealthCheckPortTaken},
 	{"InternalTrafficPolicyLocal", testInternalTrafficPolicyLocal},
 	{"TerminatingEndpoints", testTerminatingEndpoints},
 	{"TopologyHints", testTopologyHints},
