@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"os"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -29,16 +30,25 @@ const eventTimeout = 10 * time.Second
 // hash of the Service, node, reason and message, so a restarted kproxy
 // does not write the same Event again.
 type Events struct {
-	c      *Client
-	node   string
-	logger klog.Logger
-	queue  chan *corev1.Event
-	start  chan struct{}
+	c    *Client
+	node string
+	// instance is the reporting instance of the Events kproxy writes as
+	// kube-proxy: "kube-proxy-" and the host's name (not the node name),
+	// as upstream's event recorder names it.
+	instance string
+	logger   klog.Logger
+	queue    chan *corev1.Event
+	start    chan struct{}
 }
 
 // NewEvents returns an Event writer reporting as node.
 func NewEvents(c *Client, node string, logger klog.Logger) *Events {
-	e := &Events{c: c, node: node, logger: logger, queue: make(chan *corev1.Event, eventQueue), start: make(chan struct{}, 1)}
+	host, err := os.Hostname()
+	if err != nil {
+		host = node
+	}
+	e := &Events{c: c, node: node, instance: nodeEventController + "-" + host, logger: logger,
+		queue: make(chan *corev1.Event, eventQueue), start: make(chan struct{}, 1)}
 	e.start <- struct{}{}
 	return e
 }
@@ -76,7 +86,7 @@ func (e *Events) ProxyServiceWarning(key objects.Key, reason, action, message st
 		InvolvedObject: corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: key.Namespace, Name: key.Name},
 		Reason:         reason, Message: message, Type: corev1.EventTypeWarning, Action: action,
 		EventTime:           metav1.NewMicroTime(now),
-		ReportingController: nodeEventController, ReportingInstance: nodeEventController + "-" + e.node,
+		ReportingController: nodeEventController, ReportingInstance: e.instance,
 	})
 }
 
@@ -106,7 +116,7 @@ func (e *Events) NodeEvent(eventType, reason, action, message string) {
 		InvolvedObject: corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: e.node},
 		Reason:         reason, Message: message, Type: eventType, Action: action,
 		EventTime:           metav1.NewMicroTime(now),
-		ReportingController: nodeEventController, ReportingInstance: nodeEventController + "-" + e.node,
+		ReportingController: nodeEventController, ReportingInstance: e.instance,
 	})
 }
 

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -71,7 +72,8 @@ func TestProxyServiceWarning(t *testing.T) {
 	if ev.Type != corev1.EventTypeWarning || ev.Reason != "FailedToStartServiceHealthcheck" || ev.Action != "Listen" || ev.Message != msg {
 		t.Errorf("type/reason/action/message = %q/%q/%q/%q", ev.Type, ev.Reason, ev.Action, ev.Message)
 	}
-	if ev.ReportingController != "kube-proxy" || ev.ReportingInstance != "kube-proxy-node-a" || ev.EventTime.IsZero() {
+	host, _ := os.Hostname()
+	if ev.ReportingController != "kube-proxy" || ev.ReportingInstance != "kube-proxy-"+host || ev.EventTime.IsZero() {
 		t.Errorf("reporting %q/%q, event time %v", ev.ReportingController, ev.ReportingInstance, ev.EventTime)
 	}
 	if got[1].Name != ev.Name || ev.Namespace != "ns" {
