@@ -50,15 +50,19 @@ type Proxier struct {
 	mu      sync.Mutex
 	liberal bool
 	fams    map[model.Family]*famState
-	// lastFull is whether the last sync was full in some family.
-	lastFull bool
 }
 
-// LastSyncFull implements dataplane.FullReporter.
+// LastSyncFull implements dataplane.FullReporter: whether the last Sync
+// was full in some family (famState.full).
 func (p *Proxier) LastSyncFull() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.lastFull
+	for _, st := range p.fams {
+		if st.full {
+			return true
+		}
+	}
+	return false
 }
 
 var (
@@ -133,7 +137,6 @@ func (p *Proxier) Sync(ctx context.Context, snap *model.Snapshot, req dataplane.
 		p.chooseWriter(ctx)
 	}
 	var errs []error
-	p.lastFull = false
 	for _, f := range p.cfg.Families {
 		st := p.fams[f]
 		if st == nil {
@@ -151,7 +154,6 @@ func (p *Proxier) Sync(ctx context.Context, snap *model.Snapshot, req dataplane.
 		} else {
 			err = p.partialSync(ctx, st, snap, req.Changed)
 		}
-		p.lastFull = p.lastFull || st.full
 		if err != nil {
 			st.valid = false // the next sync is full
 			errs = append(errs, fmt.Errorf("%s iptables sync (full=%v): %w", f, full, err))
