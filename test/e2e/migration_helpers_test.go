@@ -197,7 +197,10 @@ func (b *migBed) start(s proxySpec) {
 	b.proc = p
 	start := time.Now()
 	url := "http://" + netip.AddrPortFrom(b.node.Spec.IP4, 10256).String() + "/healthz"
-	eventually(b.t, b.exited, func() error {
+	// Upstream serves /healthz only after its start-up cleanup of the
+	// other modes' state (iptables-save and -restore per family, an exec
+	// per IPVS ip set) and its first sync: in the TCG VM 50-70 s.
+	eventuallyWithin(b.t, proxyStartTimeout, b.exited, func() error {
 		code, body, err := b.node.HTTPGet(context.Background(), url)
 		if err == nil && code != 200 {
 			err = fmt.Errorf("status %d: %s", code, body)

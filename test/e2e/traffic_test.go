@@ -21,6 +21,9 @@ import (
 var (
 	convergeTimeout = 30 * time.Second * vmFactor()
 	resample        = 250 * time.Millisecond
+	// proxyStartTimeout bounds a proxy's start until it is healthy,
+	// start-up cleanup of another mode's state included.
+	proxyStartTimeout = 3 * convergeTimeout
 )
 
 // vmFactor stretches the waits in the IPVS VM (test/vm sets KPROXY_VM),
@@ -137,8 +140,14 @@ func podNames(pods []*netbed.Pod) []string {
 // error after convergeTimeout or as soon as abort reports an error.
 func eventually(t *testing.T, abort abortFunc, check func() error, format string, args ...any) {
 	t.Helper()
+	eventuallyWithin(t, convergeTimeout, abort, check, format, args...)
+}
+
+// eventuallyWithin is eventually with its own bound.
+func eventuallyWithin(t *testing.T, bound time.Duration, abort abortFunc, check func() error, format string, args ...any) {
+	t.Helper()
 	var err error
-	deadline := time.Now().Add(convergeTimeout)
+	deadline := time.Now().Add(bound)
 	for time.Now().Before(deadline) {
 		if err = check(); err == nil {
 			return

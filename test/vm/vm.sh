@@ -121,7 +121,7 @@ rc=0
 timeout --kill-after=10 "$timeout" qemu-system-x86_64 -accel tcg -smp "$cpus" -m "$mem" \
   -nographic -no-reboot -nic none -serial mon:stdio -display none \
   -kernel "$vmlinuz" -initrd "$initrd" \
-  -append "console=ttyS0 quiet panic=-1 kver=$kver kmods=$moddir" \
+  -append "console=ttyS0 loglevel=5 softlockup_all_cpu_backtrace=1 panic=-1 kver=$kver kmods=$moddir" \
   -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
   -virtfs local,path="$out",mount_tag=vmout,security_model=none \
   </dev/null >"$out/console" 2>&1 || rc=$?
@@ -134,7 +134,7 @@ if [ "$rc" -ne 0 ]; then
 fi
 if [ ! -f "$out/rc" ]; then
   log "the command did not finish (no exit status from the guest); console:"
-  tail -n 30 "$out/console" >&2
+  tail -n 150 "$out/console" >&2
   exit 1
 fi
 exit "$(cat "$out/rc")"
