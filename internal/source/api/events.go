@@ -57,10 +57,8 @@ func NewEvents(c *Client, node string, logger klog.Logger) *Events {
 // metadata.uid) with reason (CamelCase) and message.
 func (e *Events) ServiceWarning(key objects.Key, uid, reason, message string) {
 	now := metav1.Now()
-	h := fnv.New64a()
-	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00%s", key, uid, e.node, reason, message)
 	e.enqueue(&corev1.Event{
-		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s.%016x", key.Name, h.Sum64()), Namespace: key.Namespace},
+		ObjectMeta: metav1.ObjectMeta{Name: hashedName(key, uid, e.node, reason, message), Namespace: key.Namespace},
 		InvolvedObject: corev1.ObjectReference{
 			Kind: "Service", APIVersion: "v1", Namespace: key.Namespace, Name: key.Name, UID: types.UID(uid),
 		},
@@ -78,16 +76,25 @@ func (e *Events) ServiceWarning(key objects.Key, uid, reason, message string) {
 // and named by a hash of the Service, node, reason and message, so that a
 // failure repeated at every sync is one Event.
 func (e *Events) ProxyServiceWarning(key objects.Key, reason, action, message string) {
-	h := fnv.New64a()
-	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s", key, e.node, reason, message)
 	now := time.Now()
 	e.enqueue(&corev1.Event{
-		ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("%s.%016x", key.Name, h.Sum64()), Namespace: key.Namespace},
+		ObjectMeta:     metav1.ObjectMeta{Name: hashedName(key, e.node, reason, message), Namespace: key.Namespace},
 		InvolvedObject: corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: key.Namespace, Name: key.Name},
 		Reason:         reason, Message: message, Type: corev1.EventTypeWarning, Action: action,
 		EventTime:           metav1.NewMicroTime(now),
 		ReportingController: nodeEventController, ReportingInstance: e.instance,
 	})
+}
+
+// hashedName names a Service's Event by the Service and a hash of key and
+// parts, so that the same Event written again is the same object.
+func hashedName(key objects.Key, parts ...string) string {
+	h := fnv.New64a()
+	fmt.Fprint(h, key)
+	for _, p := range parts {
+		fmt.Fprintf(h, "\x00%s", p)
+	}
+	return fmt.Sprintf("%s.%016x", key.Name, h.Sum64())
 }
 
 // enqueue queues ev without blocking, starting the writer with the first.
