@@ -40,6 +40,8 @@ type daemon struct {
 
 	// queued is read by notify, which runs on source goroutines.
 	queued atomic.Pointer[[]model.Family]
+	// initialized is set by the first notify that finds the inputs synced.
+	initialized atomic.Bool
 	// balancing is the mode's load-balancing default and support, given
 	// to every model update.
 	balancing model.BalancingOptions
@@ -116,9 +118,16 @@ func (d *daemon) runnerConfig() runner.Config {
 // inputsSynced is the runner's Ready condition.
 func (d *daemon) inputsSynced() bool { return d.inputs.Tracker.Synced() }
 
-// notify is the tracker's callback: a change is pending.
+// notify is the tracker's callback: a change is pending. The observers
+// (health's pending update, the last-queued timestamp) hear of it only once
+// the inputs had been synced before it, as upstream's proxiers queue an
+// update only after their initialization: the initial lists, and their end,
+// are the first sync's, which a slow start (the API, a large cluster) must
+// not turn into an unhealthy /healthz.
 func (d *daemon) notify() {
-	if fams := d.queued.Load(); fams != nil {
+	synced := d.inputsSynced()
+	first := synced && !d.initialized.Swap(true)
+	if fams := d.queued.Load(); fams != nil && synced && !first {
 		d.obs.Queued(*fams)
 	}
 	d.runner.Trigger()

@@ -1,16 +1,19 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kproxy/kproxy/internal/config"
 	"github.com/kproxy/kproxy/internal/metrics"
 	"github.com/kproxy/kproxy/internal/model"
 	"github.com/kproxy/kproxy/internal/objects"
+	"github.com/kproxy/kproxy/internal/runner"
 )
 
 // TestHealthBeforeFirstSync: as upstream, /healthz is healthy from the
@@ -131,4 +134,38 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// queueCounter is an Observer that counts Queued calls.
+type queueCounter struct{ queued int }
+
+func (*queueCounter) Started([]model.Family)  {}
+func (c *queueCounter) Queued([]model.Family) { c.queued++ }
+func (*queueCounter) Synced(SyncReport)       {}
+
+// TestQueuedAfterInitialization: as upstream's proxiers, changes reach the
+// observers (health's pending update) only once the inputs were synced
+// before them: not during the initial lists, nor at their end.
+func TestQueuedAfterInitialization(t *testing.T) {
+	tr := newFakeTracker(&objects.Node{Name: "n1"})
+	r, err := runner.New(runner.Config{MaxInterval: time.Hour}, func(context.Context, runner.Request) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &queueCounter{}
+	d := &daemon{inputs: Inputs{Tracker: tr}, runner: r, obs: observers{c}}
+	fams := []model.Family{model.IPv4}
+	d.queued.Store(&fams)
+	d.notify() // a change during the initial lists
+	tr.mu.Lock()
+	tr.synced = true
+	tr.mu.Unlock()
+	d.notify() // the lists' end
+	if c.queued != 0 {
+		t.Errorf("%d updates queued before initialization, want none", c.queued)
+	}
+	d.notify() // a change after it
+	if c.queued != 1 {
+		t.Errorf("%d updates queued after initialization, want 1", c.queued)
+	}
 }
