@@ -98,6 +98,14 @@ func destination(a netip.AddrPort, weight int) *libipvs.Destination {
 // frontend without what it needs: set members first (the masquerade
 // rules match on them), then the iptables rules, the addresses, the
 // virtual and real servers, and only then what goes away.
+//
+// The ip sets and iptables rules are the node's: their failure fails the
+// sync. A Service's own kernel objects (its addresses on kube-ipvs0, its
+// virtual and real servers) fail alone, as upstream's: the failure is
+// logged, the rest is programmed, and since every sync renders every
+// Service, the next (at the latest syncPeriod later) tries again. So a
+// Service the kernel refuses (an annotation naming a scheduler this kernel
+// lacks) neither fails the node's syncs nor keeps it unhealthy.
 func (p *Proxier) apply(ctx context.Context, want []*desired, full bool) error {
 	if add := setRestore(merge(want), p.members, true); add != "" {
 		if err := p.k.IPSetRestore(add); err != nil {
@@ -110,44 +118,61 @@ func (p *Proxier) apply(ctx context.Context, want []*desired, full bool) error {
 			return err
 		}
 	}
+	var failed []error // a Service's kernel objects
 	wantBound := map[netip.Addr]bool{}
 	for _, d := range want {
 		for a := range d.bound {
 			wantBound[a] = true
 			if !p.bound[a] {
 				if err := p.k.AddDummyAddr(a); err != nil {
-					return err
+					failed = append(failed, fmt.Errorf("binding %s to %s: %w", a, DummyDevice, err))
+					continue
 				}
 				p.bound[a] = true
 			}
 		}
 	}
-	var errs []error
 	wantServers := map[vsKey]bool{}
 	for _, d := range want {
 		for _, vs := range d.sortedServers() {
 			wantServers[vs.key] = true
-			errs = append(errs, p.applyServer(vs))
+			failed = append(failed, p.applyServer(vs))
 		}
 	}
-	errs = append(errs, p.deleteServers(ctx, wantServers))
+	failed = append(failed, p.deleteServers(ctx, wantServers))
 	for a := range p.bound {
 		if !wantBound[a] && p.handles(model.FamilyOf(a)) {
 			if err := p.k.DelDummyAddr(a); err != nil {
-				errs = append(errs, err)
+				failed = append(failed, fmt.Errorf("unbinding %s from %s: %w", a, DummyDevice, err))
 				continue
 			}
 			delete(p.bound, a)
 		}
 	}
+	logFailed(ctx, failed)
 	if del := setRestore(merge(want), p.members, false); del != "" {
 		if err := p.k.IPSetRestore(del); err != nil {
-			errs = append(errs, fmt.Errorf("deleting ip set members: %w", err))
-		} else {
-			p.recordMembers(want, false)
+			return fmt.Errorf("deleting ip set members: %w", err)
 		}
+		p.recordMembers(want, false)
 	}
-	return errors.Join(errs...)
+	return nil
+}
+
+// logFailed logs each failure of a Service's kernel objects (nil entries
+// are successes), one line each so that each names its Service.
+func logFailed(ctx context.Context, failed []error) {
+	logger := klog.FromContext(ctx)
+	for _, err := range failed {
+		if err == nil {
+			continue
+		}
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			logFailed(ctx, j.Unwrap())
+			continue
+		}
+		logger.Error(err, "Programming a Service's IPVS state failed; retrying at the next sync")
+	}
 }
 
 // handles reports whether family f is one this Proxier programs.
@@ -201,14 +226,14 @@ func (p *Proxier) applyServer(vs *virtualServer) error {
 		case d == nil:
 			d = destination(r, 1)
 			if err := p.k.NewDestination(ks.svc, d); err != nil {
-				errs = append(errs, fmt.Errorf("adding real server %s to %s: %w", r, vs.key, err))
+				errs = append(errs, fmt.Errorf("adding real server %s to %s (%s): %w", r, vs.key, vs.owner, err))
 				continue
 			}
 			ks.dests[r] = d
 		case d.Weight != 1:
 			d = destination(r, 1)
 			if err := p.k.UpdateDestination(ks.svc, d); err != nil {
-				errs = append(errs, fmt.Errorf("restoring the weight of %s in %s: %w", r, vs.key, err))
+				errs = append(errs, fmt.Errorf("restoring the weight of %s in %s (%s): %w", r, vs.key, vs.owner, err))
 				continue
 			}
 			ks.dests[r] = d
@@ -251,7 +276,7 @@ func (p *Proxier) retire(ks *kernelServer, vs *virtualServer) error {
 		// drain at weight 0 first.
 		if vs.key.proto != model.TCP || d.ActiveConnections+d.InactiveConnections == 0 {
 			if err := p.k.DelDestination(ks.svc, d); err != nil && !errors.Is(err, syscall.ENOENT) {
-				errs = append(errs, fmt.Errorf("deleting real server %s of %s: %w", r, vs.key, err))
+				errs = append(errs, fmt.Errorf("deleting real server %s of %s (%s): %w", r, vs.key, vs.owner, err))
 				continue
 			}
 			delete(ks.dests, r)
@@ -260,7 +285,7 @@ func (p *Proxier) retire(ks *kernelServer, vs *virtualServer) error {
 		if d.Weight != 0 {
 			q := destination(r, 0)
 			if err := p.k.UpdateDestination(ks.svc, q); err != nil {
-				errs = append(errs, fmt.Errorf("quiescing real server %s of %s: %w", r, vs.key, err))
+				errs = append(errs, fmt.Errorf("quiescing real server %s of %s (%s): %w", r, vs.key, vs.owner, err))
 				continue
 			}
 			q.ActiveConnections, q.InactiveConnections = d.ActiveConnections, d.InactiveConnections

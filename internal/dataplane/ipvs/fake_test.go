@@ -26,6 +26,9 @@ type fakeKernel struct {
 	jumps   map[string]bool
 	sysctls map[string]int
 	writes  []string // every change, in order
+	// noSched are schedulers this kernel lacks: a service asking for one
+	// is refused with ENOENT, as ip_vs_ctl refuses it.
+	noSched map[string]bool
 }
 
 func newFakeKernel(local ...string) *fakeKernel {
@@ -75,6 +78,9 @@ func (k *fakeKernel) NewService(s *libipvs.Service) error {
 	if k.svcs[svcKey(s)] != nil {
 		return syscall.EEXIST
 	}
+	if k.noSched[s.SchedName] {
+		return syscall.ENOENT
+	}
 	c := *s
 	k.svcs[svcKey(s)] = &c
 	k.dests[svcKey(s)] = map[string]*libipvs.Destination{}
@@ -83,7 +89,7 @@ func (k *fakeKernel) NewService(s *libipvs.Service) error {
 }
 
 func (k *fakeKernel) UpdateService(s *libipvs.Service) error {
-	if k.svcs[svcKey(s)] == nil {
+	if k.svcs[svcKey(s)] == nil || k.noSched[s.SchedName] {
 		return syscall.ENOENT
 	}
 	c := *s

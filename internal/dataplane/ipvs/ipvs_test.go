@@ -195,6 +195,48 @@ func TestServiceGoes(t *testing.T) {
 	}
 }
 
+// TestRefusedServiceFailsAlone: a virtual server the kernel refuses (a
+// scheduler it lacks) is logged and left out; the sync succeeds with every
+// other Service in place, a later sync programs it once the kernel takes
+// it, and one the kernel refuses to update keeps its current form.
+func TestRefusedServiceFailsAlone(t *testing.T) {
+	sched := func(s string) dptest.SvcOpt { return func(sp *model.ServicePort) { sp.Scheduler = s } }
+	snapWith := func(s string) *model.Snapshot {
+		return dptest.Snapshot(
+			dptest.Svc("ns", "odd", "198.19.0.1", 80, sched(s), dptest.WithEPs(dptest.EP("198.18.64.10", 8080, false))),
+			dptest.Svc("ns", "plain", "198.19.0.2", 80, dptest.WithEPs(dptest.EP("198.18.64.11", 8080, false))),
+		)
+	}
+	k := newFakeKernel(nodeIP)
+	k.noSched = map[string]bool{"twos": true}
+	p := newTestProxier(t, k)
+	syncSnap(t, p, snapWith("twos"), true)
+	if k.svcs[tcp+"198.19.0.1:80"] != nil {
+		t.Error("the refused virtual server exists")
+	}
+	if got := k.reals(tcp + "198.19.0.2:80"); len(got) != 1 {
+		t.Errorf("the other Service's real servers: %v", got)
+	}
+	// Retried at every sync, incremental ones included.
+	syncSnap(t, p, snapWith("twos"), false)
+	delete(k.noSched, "twos")
+	syncSnap(t, p, snapWith("twos"), false)
+	if s := k.svcs[tcp+"198.19.0.1:80"]; s == nil || s.SchedName != "twos" || len(k.reals(tcp+"198.19.0.1:80")) != 1 {
+		t.Errorf("the virtual server once the kernel takes it: %+v, reals %v", s, k.reals(tcp+"198.19.0.1:80"))
+	}
+	// An update the kernel refuses leaves the server as it was.
+	k.noSched["lc"] = true
+	syncSnap(t, p, snapWith("lc"), false)
+	if s := k.svcs[tcp+"198.19.0.1:80"]; s == nil || s.SchedName != "twos" {
+		t.Errorf("after a refused update: %+v", s)
+	}
+	delete(k.noSched, "lc")
+	syncSnap(t, p, snapWith("lc"), false)
+	if s := k.svcs[tcp+"198.19.0.1:80"]; s == nil || s.SchedName != "lc" {
+		t.Errorf("after the update is taken: %+v", s)
+	}
+}
+
 // TestGracefulTermination: a real server that goes keeps weight 0 while it
 // has connections, and is deleted once it has none; a UDP one goes at once.
 func TestGracefulTermination(t *testing.T) {
