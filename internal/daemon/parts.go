@@ -40,7 +40,8 @@ type daemon struct {
 
 	// queued is read by notify, which runs on source goroutines.
 	queued atomic.Pointer[[]model.Family]
-	// initialized is set by the first notify that finds the inputs synced.
+	// initialized is set by the first notify that finds the inputs synced
+	// (or when the servers start, if they already were).
 	initialized atomic.Bool
 	// balancing is the mode's load-balancing default and support, given
 	// to every model update.
@@ -125,10 +126,13 @@ func (d *daemon) inputsSynced() bool { return d.inputs.Tracker.Synced() }
 // are the first sync's, which a slow start (the API, a large cluster) must
 // not turn into an unhealthy /healthz.
 func (d *daemon) notify() {
-	synced := d.inputsSynced()
-	first := synced && !d.initialized.Swap(true)
-	if fams := d.queued.Load(); fams != nil && synced && !first {
-		d.obs.Queued(*fams)
+	// queued is stored after the inputs are in place: its load orders
+	// the read of d.inputs after their write.
+	if fams := d.queued.Load(); fams != nil {
+		synced := d.inputsSynced()
+		if first := synced && !d.initialized.Swap(true); synced && !first {
+			d.obs.Queued(*fams)
+		}
 	}
 	d.runner.Trigger()
 }

@@ -136,6 +136,7 @@ func (d *daemon) startServers(ctx context.Context, wg *sync.WaitGroup) error {
 		}
 	}
 	fams := d.fams
+	d.initialized.Store(d.inputsSynced())
 	d.queued.Store(&fams) // from now on notify reports to the observers
 	hardFail := d.o.Config.BindAddressHardFail
 	for _, s := range servers {
