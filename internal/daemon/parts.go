@@ -129,8 +129,8 @@ func (d *daemon) notify() {
 	// queued is stored after the inputs are in place: its load orders
 	// the read of d.inputs after their write.
 	if fams := d.queued.Load(); fams != nil {
-		synced := d.inputsSynced()
-		if first := synced && !d.initialized.Swap(true); synced && !first {
+		// The first notify that finds them synced is their end.
+		if d.inputsSynced() && d.initialized.Swap(true) {
 			d.obs.Queued(*fams)
 		}
 	}

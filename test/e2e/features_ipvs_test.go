@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -187,19 +186,13 @@ func testIPVSMissingScheduler(t *testing.T, b *migBed) {
 // it came in 6.2); the test needs one.
 func missingIPVSScheduler(t *testing.T) string {
 	t.Helper()
-	var uts syscall.Utsname
-	if err := syscall.Uname(&uts); err != nil {
+	b, err := os.ReadFile("/proc/sys/kernel/osrelease")
+	if err != nil {
 		t.Fatal(err)
 	}
-	var rel []byte
-	for _, c := range uts.Release {
-		if c == 0 {
-			break
-		}
-		rel = append(rel, byte(c))
-	}
+	rel := strings.TrimSpace(string(b))
 	for _, s := range []string{"twos", "ovf", "fo", "mh"} {
-		mods, _ := filepath.Glob(filepath.Join("/lib/modules", string(rel), "kernel/net/netfilter/ipvs", "ip_vs_"+s+".ko*"))
+		mods, _ := filepath.Glob(filepath.Join("/lib/modules", rel, "kernel/net/netfilter/ipvs", "ip_vs_"+s+".ko*"))
 		if _, err := os.Stat("/sys/module/ip_vs_" + s); err != nil && len(mods) == 0 {
 			return s
 		}

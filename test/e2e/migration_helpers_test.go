@@ -199,7 +199,7 @@ func (b *migBed) start(s proxySpec) {
 	url := "http://" + netip.AddrPortFrom(b.node.Spec.IP4, 10256).String() + "/healthz"
 	// Upstream serves /healthz only after its start-up cleanup of the
 	// other modes' state (iptables-save and -restore per family, an exec
-	// per IPVS ip set) and its first sync: in the TCG VM 50-70 s.
+	// per IPVS ip set) and its first sync: in the TCG VM 38 s to over 60 s.
 	eventuallyWithin(b.t, proxyStartTimeout, b.exited, func() error {
 		code, body, err := b.node.HTTPGet(context.Background(), url)
 		if err == nil && code != 200 {

@@ -107,7 +107,8 @@ func destination(a netip.AddrPort, weight int) *libipvs.Destination {
 // Service the kernel refuses (an annotation naming a scheduler this kernel
 // lacks) neither fails the node's syncs nor keeps it unhealthy.
 func (p *Proxier) apply(ctx context.Context, want []*desired, full bool) error {
-	if add := setRestore(merge(want), p.members, true); add != "" {
+	members := merge(want)
+	if add := setRestore(members, p.members, true); add != "" {
 		if err := p.k.IPSetRestore(add); err != nil {
 			return fmt.Errorf("adding ip set members: %w", err)
 		}
@@ -150,7 +151,7 @@ func (p *Proxier) apply(ctx context.Context, want []*desired, full bool) error {
 		}
 	}
 	logFailed(ctx, failed)
-	if del := setRestore(merge(want), p.members, false); del != "" {
+	if del := setRestore(members, p.members, false); del != "" {
 		if err := p.k.IPSetRestore(del); err != nil {
 			return fmt.Errorf("deleting ip set members: %w", err)
 		}
