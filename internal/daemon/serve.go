@@ -115,7 +115,7 @@ func (d *daemon) startServers(ctx context.Context, wg *sync.WaitGroup) error {
 		Options: d.o, NodeName: d.nodeName, Mode: d.mode, Families: d.fams,
 		NodePortAddresses: d.dpCfg.NodePortAddresses, NodeOptional: !d.inputs.NodeExpected,
 		Node:           func() model.NodeInfo { return model.NodeInfoOf(d.nodeName, d.peekNode()) },
-		ServiceTraffic: trafficRead, Relays: relayReader(d.dp), Events: d.inputs.Events,
+		ServiceTraffic: trafficRead, Relays: relayReader(d.dp), NFAcct: nfacctReader(d.dp), Events: d.inputs.Events,
 	})
 	if err != nil {
 		return fmt.Errorf("setting up servers: %w", err)

@@ -37,6 +37,9 @@ type ServerParams struct {
 	// Relays reads the userspace mode's relay counters; nil in the other
 	// modes.
 	Relays metrics.RelayReader
+	// NFAcct reads the nfacct counters of the iptables mode's packet
+	// metrics; nil in the other modes or without nfacct.
+	NFAcct metrics.NFAcctReader
 	// Events, when set, records a Warning on a Service whose health-check
 	// node port could not be opened.
 	Events EventSink
@@ -62,7 +65,7 @@ func defaultServers(p ServerParams) ([]Server, []Observer, error) {
 	cfg := p.Options.Config
 	reg := metrics.NewRegistry()
 	m, err := metrics.New(reg, metrics.Options{Mode: p.Mode, FeatureGate: api.EffectiveGates(p.Options.FeatureGate, cfg.FeatureGates),
-		ServiceTraffic: p.ServiceTraffic, Relays: p.Relays, Logger: klog.Background().WithName("metrics")})
+		ServiceTraffic: p.ServiceTraffic, Relays: p.Relays, NFAcct: p.NFAcct, Logger: klog.Background().WithName("metrics")})
 	if err != nil {
 		return nil, nil, fmt.Errorf("registering metrics: %w", err)
 	}

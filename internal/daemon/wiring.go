@@ -14,6 +14,7 @@ import (
 	"github.com/kproxy/kproxy/internal/dataplane/nftables"
 	"github.com/kproxy/kproxy/internal/dataplane/userspace"
 	"github.com/kproxy/kproxy/internal/metrics"
+	"github.com/kproxy/kproxy/internal/nfacct"
 	"github.com/kproxy/kproxy/internal/objects"
 	"github.com/kproxy/kproxy/internal/source/api"
 	"github.com/kproxy/kproxy/internal/source/file"
@@ -129,6 +130,20 @@ func defaultDataplanes() map[string]DataplaneFunc {
 			return userspace.New(cfg)
 		},
 	}
+}
+
+// nfacctReader reads the nfacct counters of the iptables mode's packet
+// metrics; nil in the other modes, and when the kernel has no nfacct
+// (upstream then leaves the metrics out too).
+func nfacctReader(dp dataplane.Dataplane) metrics.NFAcctReader {
+	if _, ok := dp.(*iptables.Proxier); !ok {
+		return nil
+	}
+	if err := nfacct.Supported(); err != nil {
+		klog.Background().Error(err, "The iptables packet metrics read from nfacct will not be served")
+		return nil
+	}
+	return nfacct.Packets
 }
 
 // relayReader reads the userspace mode's relay counters; nil for the

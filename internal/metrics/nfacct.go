@@ -4,13 +4,15 @@ import (
 	"k8s.io/klog/v2"
 
 	k8smetrics "k8s.io/component-base/metrics"
+
+	"github.com/kproxy/kproxy/internal/nfacct"
 )
 
 // Names of the nfacct counters the iptables backend attaches to its rules;
 // the two iptables-mode packet metrics read them at scrape time.
 const (
-	NFAcctCTStateInvalidDropped      = "ct_state_invalid_dropped_pkts"
-	NFAcctLocalhostNodePortsAccepted = "localhost_nps_accepted_pkts"
+	NFAcctCTStateInvalidDropped      = nfacct.CTStateInvalidDropped
+	NFAcctLocalhostNodePortsAccepted = nfacct.LocalhostNodePortsAccepted
 )
 
 // NFAcctReader returns the packet count of a named nfacct counter.

@@ -216,6 +216,13 @@ func CompatSupported(fam byte, name string, rev uint32, target bool) (bool, erro
 	return err == nil, err
 }
 
+// Request sends msg (built with SubsysMessage) in the calling thread's
+// network namespace and returns the attributes of its reply of type reply,
+// or the errno of an error reply (syscall.Errno). A request sent with
+// NLM_F_ACK and answered by the acknowledgement alone returns no
+// attributes and no error.
+func Request(msg []byte, reply uint16) ([]byte, error) { return request(msg, reply) }
+
 // request sends msg and returns the attributes of its reply of type reply,
 // or the errno of an error reply.
 func request(msg []byte, reply uint16) ([]byte, error) {

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -80,6 +81,43 @@ func testLocalhostNodePort(t *testing.T, b *fbed, f family) {
 			t.Errorf("filter table lacks %q:\n%s", want, rules)
 		}
 	}
+	// Those connections are counted, as upstream counts them (an nfacct
+	// counter its rules count into), and so is the INVALID drop, which saw
+	// nothing.
+	eventually(t, b.exited, func() error {
+		got, err := scrapeNFAcct(node)
+		switch {
+		case err != nil:
+			return err
+		case got[nfacctLocalhostMetric] < 1:
+			return fmt.Errorf("%s = %v, want at least one packet", nfacctLocalhostMetric, got[nfacctLocalhostMetric])
+		}
+		if _, ok := got[nfacctInvalidMetric]; !ok {
+			return fmt.Errorf("%s is not served", nfacctInvalidMetric)
+		}
+		return nil
+	}, "the localhost NodePort's packets in %s", nfacctLocalhostMetric)
+}
+
+// Upstream's iptables-mode metrics read from nfacct counters.
+const (
+	nfacctLocalhostMetric = "kubeproxy_iptables_localhost_nodeports_accepted_packets_total"
+	nfacctInvalidMetric   = "kubeproxy_iptables_ct_state_invalid_dropped_packets_total"
+)
+
+// scrapeNFAcct reads the node's proxy's nfacct metrics.
+func scrapeNFAcct(node *netbed.Node) (map[string]float64, error) {
+	fams, err := scrapeNode(node)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for _, name := range []string{nfacctLocalhostMetric, nfacctInvalidMetric} {
+		if mf := fams[name]; mf != nil && len(mf.GetMetric()) == 1 {
+			out[name] = mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return out, nil
 }
 
 // testNoLocalhostNodePorts (--iptables-localhost-nodeports=false): the

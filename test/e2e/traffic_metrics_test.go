@@ -113,12 +113,7 @@ func freshUDPPort() uint16 {
 
 // scrapeTraffic returns node's kproxy_service_* samples by series.
 func scrapeTraffic(node *netbed.Node) (map[string]float64, error) {
-	code, body, err := node.HTTPGet(context.Background(), "http://127.0.0.1:10249/metrics")
-	if err != nil || code != 200 {
-		return nil, fmt.Errorf("GET /metrics: %d %v", code, err)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(strings.NewReader(body))
+	fams, err := scrapeNode(node)
 	if err != nil {
 		return nil, err
 	}
@@ -132,6 +127,16 @@ func scrapeTraffic(node *netbed.Node) (map[string]float64, error) {
 		}
 	}
 	return out, nil
+}
+
+// scrapeNode reads the node's proxy's /metrics.
+func scrapeNode(node *netbed.Node) (map[string]*dto.MetricFamily, error) {
+	code, body, err := node.HTTPGet(context.Background(), "http://127.0.0.1:10249/metrics")
+	if err != nil || code != 200 {
+		return nil, fmt.Errorf("GET /metrics: %d %v", code, err)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	return p.TextToMetricFamilies(strings.NewReader(body))
 }
 
 func seriesKey(name string, m *dto.Metric) string {

@@ -243,6 +243,7 @@ func (p *Proxier) fullSync(ctx context.Context, st *famState, snap *model.Snapsh
 	if err := p.prepareSysctls(ctx); err != nil {
 		return err
 	}
+	p.ensureCounters(ctx)
 	fs := snap.Family(st.fam)
 	r := newRenderer(p.params(), fs, snap.Node)
 	// Each port is rendered here for its entries and sizes, and again when

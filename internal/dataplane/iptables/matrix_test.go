@@ -12,11 +12,18 @@ import (
 // wantIPTables.
 func TestTraceMatrix(t *testing.T) {
 	for name, of := range map[string]func(testing.TB, Params, *model.Snapshot, model.Family) *testTracer{"typed": traceOf, "text": traceTextOf} {
-		t.Run(name, func(t *testing.T) {
-			dptest.RunMatrix(t, func(snap *model.Snapshot) func(dptest.Packet) dptest.Result {
-				return of(t, testParams(), snap, model.IPv4).trace
-			}, wantIPTables)
-		})
+		for _, counted := range []bool{false, true} {
+			p := testParams()
+			if counted {
+				name += "/nfacct" // the counting rules change no verdict
+				p.Counters = Counters{InvalidDropped: true, LocalhostAccepted: true}
+			}
+			t.Run(name, func(t *testing.T) {
+				dptest.RunMatrix(t, func(snap *model.Snapshot) func(dptest.Packet) dptest.Result {
+					return of(t, p, snap, model.IPv4).trace
+				}, wantIPTables)
+			})
+		}
 	}
 }
 

@@ -403,6 +403,13 @@ func (e *encoder) encodeMatch(b *nfnl.Batch, r *rule, k argKind) error {
 		xt(b, false, "statistic", 0, 24, func(p []byte) { ne.PutUint32(p[4:], probValue(int(r.oneIn))) })
 	case argRecent:
 		return e.recent(b, &r.recent)
+	case argNFAcct:
+		// xt_nfacct_match_info_v1: the name (NFACCT_NAME_MAX, 32 bytes
+		// with its NUL), then a pointer the kernel fills in.
+		if len(r.acct) >= 32 {
+			return fmt.Errorf("%w: an nfacct name of %d bytes", errNotNetlink, len(r.acct))
+		}
+		xt(b, false, "nfacct", 1, 40, func(p []byte) { copy(p, r.acct) })
 	}
 	return nil
 }

@@ -84,6 +84,16 @@ func TestPrivilegedNetlinkMatchesIPTables(t *testing.T) {
 			if !strings.Contains(dumps[0], "KUBE-SVC-") || !strings.Contains(dumps[0], "DNAT") {
 				t.Fatalf("the dump holds no Service rules:\n%s", dumps[0])
 			}
+			// Upstream's nfacct counters, which the lab's kernel has.
+			want := []string{"-m conntrack --ctstate INVALID -m nfacct --nfacct-name  ct_state_invalid_dropped_pkts -j DROP"}
+			if tc.name != "bridge-no-localhost" {
+				want = append(want, `-d 127.0.0.0/8 -p tcp -m comment --comment "ns/np:p" -m tcp --dport 30004 -m nfacct --nfacct-name  localhost_nps_accepted_pkts -j KUBE-EXT-`)
+			}
+			for _, w := range want {
+				if !strings.Contains(dumps[0], w) {
+					t.Errorf("no rule holds %q\n%s", w, dumps[0])
+				}
+			}
 		})
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/kproxy/kproxy/internal/dataplane"
 	"github.com/kproxy/kproxy/internal/dataplane/dptest"
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/nfacct"
 )
 
 // labPrefix names the namespaces of this package's labs (see dptest.NewLab).
@@ -42,6 +43,23 @@ func TestPrivilegedClusterIPTraffic(t *testing.T) {
 			}
 			if got, err := l.Get("198.19.0.10:80", 2*time.Second); err != nil || got != "hello" {
 				t.Fatalf("ClusterIP: got %q, %v; want hello", got, err)
+			}
+			counters := func() (errs []error) {
+				l.In(l.Node, func() {
+					for _, c := range []string{nfacct.CTStateInvalidDropped, nfacct.LocalhostNodePortsAccepted} {
+						_, err := nfacct.Packets(c)
+						errs = append(errs, err)
+					}
+				})
+				return errs
+			}
+			for _, err := range counters() {
+				if err != nil {
+					t.Errorf("after the first sync: %v", err)
+				}
+			}
+			if out, _ := ex.Run(ctx, nil, b.cmd(model.IPv4, "-save"), "-t", "filter"); !strings.Contains(string(out), "--nfacct-name") {
+				t.Errorf("no rule counts into nfacct:\n%s", out)
 			}
 			start := time.Now()
 			_, err = l.Get("198.19.0.11:80", 2*time.Second)
@@ -80,6 +98,11 @@ func TestPrivilegedClusterIPTraffic(t *testing.T) {
 			out, _ := ex.Run(ctx, nil, b.cmd(model.IPv4, "-save"))
 			if s := strings.ReplaceAll(string(out), "KUBE-FIREWALL", ""); strings.Contains(s, "KUBE-") {
 				t.Errorf("cleanup left rules:\n%s", out)
+			}
+			for _, err := range counters() {
+				if !errors.Is(err, syscall.ENOENT) {
+					t.Errorf("after cleanup, a counter: %v; want none (ENOENT)", err)
+				}
 			}
 		})
 	}

@@ -49,7 +49,11 @@ type Proxier struct {
 
 	mu      sync.Mutex
 	liberal bool
-	fams    map[model.Family]*famState
+	// counters are the nfacct counters the rules count into, decided
+	// before each full sync (counters.go).
+	counters      Counters
+	countersTried bool
+	fams          map[model.Family]*famState
 }
 
 // LastSyncFull implements dataplane.FullReporter: whether the last Sync
@@ -115,7 +119,7 @@ func New(cfg dataplane.Config, opts ...Option) (*Proxier, error) {
 func (p *Proxier) Name() string { return "iptables" }
 
 func (p *Proxier) params() Params {
-	return Params{Config: p.cfg, LocalhostNodePorts: p.localhost, ConntrackLiberal: p.liberal}
+	return Params{Config: p.cfg, LocalhostNodePorts: p.localhost, ConntrackLiberal: p.liberal, Counters: p.counters}
 }
 
 // Sync implements dataplane.Dataplane: per family, a full sync (the first,
@@ -239,12 +243,17 @@ func (p *Proxier) Drifted(ctx context.Context) (bool, error) {
 }
 
 // Cleanup implements dataplane.Dataplane: it removes kproxy's and upstream
-// kube-proxy's iptables chains and jumps in both backends and families.
+// kube-proxy's iptables chains and jumps in both backends and families,
+// then the nfacct counters their rules counted into.
 func (p *Proxier) Cleanup(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.fams = map[model.Family]*famState{}
-	return errors.Join(cleanupBackend(ctx, p.exec, BackendNFT, false), cleanupBackend(ctx, p.exec, BackendLegacy, false))
+	err := errors.Join(cleanupBackend(ctx, p.exec, BackendNFT, false), cleanupBackend(ctx, p.exec, BackendLegacy, false))
+	if err != nil {
+		return err // the rules may still count into the counters
+	}
+	return deleteCounters(p.exec)
 }
 
 // Render implements dataplane.DryRunner: the iptables-restore input that

@@ -6,6 +6,7 @@ import (
 
 	"github.com/kproxy/kproxy/internal/dataplane"
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/nfacct"
 )
 
 // Chain is one chain kproxy owns and its rules, as typed values (rule.go)
@@ -55,6 +56,20 @@ type Params struct {
 	// ConntrackLiberal is true when nf_conntrack_tcp_be_liberal is set: no
 	// rule then drops conntrack-INVALID packets.
 	ConntrackLiberal bool
+	// Counters are the nfacct counters that exist for rules to count into,
+	// as upstream's rules do when it could create them.
+	Counters Counters
+}
+
+// Counters says which of upstream's nfacct counters (nfacct.go's names)
+// the rules count into.
+type Counters struct {
+	// InvalidDropped: the conntrack-INVALID drop rule counts into
+	// ct_state_invalid_dropped_pkts.
+	InvalidDropped bool
+	// LocalhostAccepted: a NodePort on 127.0.0.0/8 gets a rule of its own
+	// ahead of the NodePort's, counting into localhost_nps_accepted_pkts.
+	LocalhostAccepted bool
 }
 
 // renderer holds what every rule of one family needs.
@@ -66,6 +81,7 @@ type renderer struct {
 	nodeIP      netip.Addr
 	localhostNP bool // NodePorts answer on 127.0.0.0/8 (IPv4 only)
 	liberal     bool
+	counters    Counters
 	npAll       bool           // NodePorts on every local address
 	npCIDRs     []netip.Prefix // else on local addresses in these
 	large       bool           // omit per-endpoint comments, as upstream does past 1000 endpoints
@@ -77,7 +93,7 @@ const largeClusterEndpoints = 1000
 
 func newRenderer(p Params, fs *model.FamilySnapshot, node model.NodeInfo) *renderer {
 	cfg := p.Config
-	r := &renderer{fam: fs.Family, masqAll: cfg.MasqueradeAll, liberal: p.ConntrackLiberal}
+	r := &renderer{fam: fs.Family, masqAll: cfg.MasqueradeAll, liberal: p.ConntrackLiberal, counters: p.Counters}
 	r.masqMark = uint32(1) << uint(cfg.MasqueradeBit&31)
 	r.local = localMatchOf(cfg, fs.Family, node)
 	for _, ip := range cfg.NodeIPs {
@@ -276,7 +292,11 @@ func (r *renderer) martianChain() *Chain {
 func (r *renderer) forwardRules() []rule {
 	var rules []rule
 	if !r.liberal {
-		rules = append(rules, rb().ctstate(ctInvalid).drop())
+		b := rb().ctstate(ctInvalid)
+		if r.counters.InvalidDropped {
+			b.nfacct(nfacct.CTStateInvalidDropped)
+		}
+		rules = append(rules, b.drop())
 	}
 	return append(rules,
 		rb().comment("kubernetes forwarding rules").markMatch(r.masqMark, r.masqMark).accept(),

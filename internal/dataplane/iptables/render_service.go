@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/nfacct"
 )
 
 // portRules is what one service port contributes: its own nat chains and
@@ -273,6 +274,13 @@ func (r *renderer) nodePort(s *svcCtx, pr *portRules) {
 		return
 	}
 	if s.hasEPs {
+		if r.localhostNP && r.counters.LocalhostAccepted {
+			// Upstream's count of NodePort packets to 127.0.0.0/8, on a
+			// rule of their own that goes where the NodePort's goes.
+			lo := rb().comment(s.name).portMatch(s.protoN).dst(prefixAddr(loopback4)).dport(np, np).
+				nfacct(nfacct.LocalhostNodePortsAccepted).jump(s.ch.ext)
+			pr.entries = append(pr.entries, natEntry(chainNodePorts, portKey(s.proto, np), lo))
+		}
 		pr.entries = append(pr.entries, natEntry(chainNodePorts, portKey(s.proto, np), s.nodePortMatch(s.name, false).jump(s.ch.ext)))
 	}
 	if !s.hasExt {

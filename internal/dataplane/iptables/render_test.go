@@ -3,8 +3,10 @@ package iptables
 import (
 	"bytes"
 	"flag"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 
 	"github.com/kproxy/kproxy/internal/dataplane"
@@ -90,3 +92,45 @@ func configVariants(base func() dataplane.Config) []configVariant {
 		{name: "interface-prefix", cfg: prefix},
 	}
 }
+
+// TestRenderCounters: with upstream's nfacct counters, the INVALID drop
+// counts into one, and every NodePort gets a rule for 127.0.0.0/8 ahead of
+// its own, counting into the other (IPv4 only, and only with localhost
+// NodePorts).
+func TestRenderCounters(t *testing.T) {
+	cfg := dptest.Config()
+	cfg.Families = []model.Family{model.IPv4, model.IPv6}
+	snap := featureSnapshot()
+	var b bytes.Buffer
+	for _, f := range cfg.Families {
+		rs := Render(Params{Config: cfg, LocalhostNodePorts: true, Counters: Counters{InvalidDropped: true, LocalhostAccepted: true}}, snap.Family(f), snap.Node)
+		b.WriteString("# " + f.String() + "\n" + RestoreText(rs))
+	}
+	golden(t, "counters", b.String())
+
+	rs := Render(Params{Config: cfg, LocalhostNodePorts: false, Counters: Counters{InvalidDropped: true, LocalhostAccepted: true}}, snap.Family(model.IPv4), snap.Node)
+	if text := RestoreText(rs); bytes.Contains([]byte(text), []byte(nfacctLocalhostArg)) {
+		t.Errorf("localhost NodePorts off, yet a rule counts localhost NodePort packets:\n%s", text)
+	}
+}
+
+// TestTraceLocalhostNodePortCounted: the host's connection to a NodePort on
+// 127.0.0.1 takes the counting rule and ends where it did without it.
+func TestTraceLocalhostNodePortCounted(t *testing.T) {
+	lo := netip.MustParseAddr("127.0.0.1")
+	pkt := dptest.Packet{Src: lo, Dst: lo, Proto: "tcp", DPort: 30004, FromHost: true}
+	for name, of := range map[string]func(testing.TB, Params, *model.Snapshot, model.Family) *testTracer{"typed": traceOf, "text": traceTextOf} {
+		plain, counted := testParams(), testParams()
+		counted.Counters = Counters{InvalidDropped: true, LocalhostAccepted: true}
+		want := of(t, plain, featureSnapshot(), model.IPv4).trace(pkt)
+		got := of(t, counted, featureSnapshot(), model.IPv4).trace(pkt)
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: with the counting rule %+v, without %+v", name, got, want)
+		}
+		if want.Verdict != "accept" {
+			t.Errorf("%s: 127.0.0.1:30004 from the host: %+v, want accepted to the endpoint", name, want)
+		}
+	}
+}
+
+const nfacctLocalhostArg = "-m nfacct --nfacct-name localhost_nps_accepted_pkts"

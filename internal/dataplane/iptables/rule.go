@@ -32,6 +32,7 @@ type rule struct {
 	oneIn            uint32 // -m statistic --mode random --probability 1/oneIn, or with nth:
 	nth              bool   // -m statistic --mode nth --every oneIn --packet 0
 	recent           recentMatch
+	acct             string // -m nfacct --nfacct-name acct
 	target           target
 }
 
@@ -56,6 +57,7 @@ const (
 	argMark              // -m mark [!] --mark mark/markMask
 	argStatistic         // -m statistic --mode random --probability 1/oneIn
 	argRecent            // -m recent --name … (recent)
+	argNFAcct            // -m nfacct --nfacct-name acct: counts, always matches
 )
 
 // addr is the address of -s or -d in one of three spellings.
@@ -189,6 +191,9 @@ func (b *builder) everyNth(n int) *builder {
 	return b.push(argStatistic)
 }
 func (b *builder) recent(m recentMatch) *builder { b.r.recent = m; return b.push(argRecent) }
+
+// nfacct counts the rule's packets into the named nfacct counter.
+func (b *builder) nfacct(name string) *builder { b.r.acct = name; return b.push(argNFAcct) }
 
 // addrType adds the addrtype match once, for either or both types.
 func (b *builder) addrType() *builder {
@@ -330,6 +335,8 @@ func (r *rule) appendArg(b []byte, k argKind, neg bool) []byte {
 		return append(append(b, "-m statistic --mode random --probability "...), probability(int(r.oneIn))...)
 	case argRecent:
 		return r.recent.appendText(b)
+	case argNFAcct:
+		return append(append(b, "-m nfacct --nfacct-name "...), r.acct...)
 	}
 	panic(fmt.Sprintf("iptables: argument kind %d", k))
 }

@@ -175,7 +175,7 @@ func (tr *tracer) match(st *trace.Branch, opt string, args []string) (bool, int)
 	switch opt {
 	case "-m":
 		return true, 1
-	case "--comment", "--mode", "--name", "--seconds", "--mask":
+	case "--comment", "--mode", "--name", "--seconds", "--mask", "--nfacct-name":
 		return true, 1
 	case "--reap", "--set", "--rsource":
 		return true, 0
@@ -389,7 +389,7 @@ func (tr *tracer) typedMatch(st *trace.Branch, r *rule, k argKind) bool {
 		return r.src.contains(st.Src)
 	case argDst:
 		return r.dst.contains(st.Dst)
-	case argComment:
+	case argComment, argNFAcct:
 		return true
 	case argDport:
 		return st.DPort >= r.dport.lo && st.DPort <= r.dport.hi
