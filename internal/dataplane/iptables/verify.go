@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/nfacct"
 	"github.com/kproxy/kproxy/internal/trace"
 )
 
@@ -24,12 +25,6 @@ func (p *Proxier) Verify(ctx context.Context, snap *model.Snapshot, pkt trace.Pa
 	if x, err := p.sysctl.Get(sysctlTCPBeLiberal); err == nil {
 		p.liberal = x != 0 // as a full sync reads it
 	}
-	rs := Render(p.params(), snap.Family(fam), snap.Node)
-	want := newRulesetTracer(rs, isLocal)
-	var err error
-	if v.Model, err = want.trace(pkt); err != nil {
-		return v, fmt.Errorf("tracing kproxy's own rules: %w", err)
-	}
 	backend := p.backend
 	if backend == "" {
 		backend = DetectBackend(ctx, p.exec)
@@ -41,6 +36,18 @@ func (p *Proxier) Verify(ctx context.Context, snap *model.Snapshot, pkt trace.Pa
 			return v, fmt.Errorf("reading the %s table: %w", table, err)
 		}
 		saved.Write(out)
+	}
+	// The rules count into the nfacct counters that existed at the last
+	// full sync (counters.go): render with the ones the kernel's rules name.
+	p.counters = Counters{
+		InvalidDropped:    strings.Contains(saved.String(), nfacct.CTStateInvalidDropped),
+		LocalhostAccepted: strings.Contains(saved.String(), nfacct.LocalhostNodePortsAccepted),
+	}
+	rs := Render(p.params(), snap.Family(fam), snap.Node)
+	want := newRulesetTracer(rs, isLocal)
+	var err error
+	if v.Model, err = want.trace(pkt); err != nil {
+		return v, fmt.Errorf("tracing kproxy's own rules: %w", err)
 	}
 	got := newRuleTracer(saved.String(), isLocal)
 	got.keepJumpsInto(want)

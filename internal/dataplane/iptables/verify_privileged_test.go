@@ -103,3 +103,33 @@ func TestPrivilegedVerifyFindsHandEdits(t *testing.T) {
 		t.Errorf("deleted jump: kernel %v (%v), model %v, notes %q", v.Kernel, v.KernelErr, v.Model, v.Notes)
 	}
 }
+
+// TestPrivilegedVerifyFreshProcess: `kproxy verify` runs in a process of
+// its own, which has synced nothing: it renders the nfacct counting rules
+// the kernel's rules have (a NodePort's localhost rule among them), so a
+// NodePort's chains agree.
+func TestPrivilegedVerifyFreshProcess(t *testing.T) {
+	l := dptest.NewLab(t, labPrefix)
+	ex := NetnsExec{Namespace: l.Node}
+	opts := []Option{WithExec(ex), WithSysctl(ExecSysctl{Exec: ex}), WithBackend(BackendNFT)}
+	p, _ := New(labConfig(), opts...)
+	ctx := context.Background()
+	snap := dptest.Snapshot(dptest.Svc("ns", "np", "198.19.0.10", 80, dptest.WithNodePort(30080), dptest.WithEPs(dptest.EP("198.18.64.10", 8080, true))))
+	if err := p.Sync(ctx, snap, dataplane.SyncRequest{Full: true}); err != nil {
+		t.Fatal(err)
+	}
+	fresh, _ := New(labConfig(), opts...)
+	for _, dst := range []string{"127.0.0.1", dptest.NodeIP.String()} {
+		pkt := trace.Packet{Src: netip.MustParseAddr("127.0.0.1"), Dst: netip.MustParseAddr(dst), Proto: "tcp", DPort: 30080, FromHost: true}
+		if dst != "127.0.0.1" {
+			pkt.Src = dptest.NodeIP
+		}
+		v, err := fresh.Verify(ctx, snap, pkt, isNodeAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !v.Agree() || len(v.Notes) > 0 {
+			t.Errorf("%s:30080: kernel %v (%v), model %v, notes %q", dst, v.Kernel, v.KernelErr, v.Model, v.Notes)
+		}
+	}
+}
