@@ -105,3 +105,37 @@ func udpSlice(svc, addr string) *objects.EndpointSlice {
 		Ports:     []objects.EndpointPort{{Name: "dns", Protocol: "UDP", Port: 53}},
 		Endpoints: []objects.Endpoint{{Addr: netip.MustParseAddr(addr), HasAddress: true, Node: objects.OnNode("other")}}}
 }
+
+// TestCleanerNodePortSYNsToTheNodeOnly: when a TCP NodePort becomes
+// reachable, unanswered SYNs with its number are cleaned only when they
+// went to the node's own addresses (or loopback); one the node forwarded
+// to another host's port of the same number is left alone. A table that
+// cannot tell its addresses cleans them all.
+func TestCleanerNodePortSYNsToTheNodeOnly(t *testing.T) {
+	ctx := context.Background()
+	none := svc("web", model.TCP, "198.18.0.10", 80, 30080)
+	reachable := svc("web", model.TCP, "198.18.0.10", 80, 30080, ep("198.19.1.1:8080", true))
+	syn := func(dst string) Flow {
+		a := netip.MustParseAddrPort(dst)
+		return Flow{Protocol: model.TCP, OrigDst: a, ReplySrc: a, SynSent: true}
+	}
+	toNode, toLoopback, toRemote := syn("198.18.0.2:30080"), syn("127.0.0.1:30080"), syn("198.18.99.7:30080")
+	for _, tc := range []struct {
+		name  string
+		local []netip.Addr
+		left  []Flow
+	}{
+		{"addresses known", []netip.Addr{netip.MustParseAddr("198.18.0.2")}, []Flow{toRemote}},
+		{"addresses unknown", nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			table := NewFakeTable()
+			table.LocalAddrs = tc.local
+			table.Add(model.IPv4, toNode, toLoopback, toRemote)
+			NewCleaner(table).Clean(ctx, snapshot(none), snapshot(reachable), false)
+			if got := table.Flows(model.IPv4); !slices.Equal(got, tc.left) {
+				t.Errorf("flows left = %v, want %v", got, tc.left)
+			}
+		})
+	}
+}

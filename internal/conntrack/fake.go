@@ -1,6 +1,8 @@
 package conntrack
 
 import (
+	"net/netip"
+	"slices"
 	"sync"
 
 	"github.com/kproxy/kproxy/internal/model"
@@ -16,6 +18,19 @@ type FakeTable struct {
 	Walks map[model.Family]int
 	// Scopes lists the scope of every DeleteFlows call.
 	Scopes []Scope
+	// LocalAddrs are the node's addresses Local reports; nil: Local
+	// cannot tell. Set it before the cleaner runs.
+	LocalAddrs []netip.Addr
+}
+
+// Local implements Table. It takes no lock: the cleaner asks from inside
+// DeleteFlows' walk, as the netlink table allows.
+func (t *FakeTable) Local(model.Family) (func(netip.Addr) bool, error) {
+	if t.LocalAddrs == nil {
+		return nil, nil
+	}
+	addrs := slices.Clone(t.LocalAddrs)
+	return func(a netip.Addr) bool { return a.IsLoopback() || slices.Contains(addrs, a) }, nil
 }
 
 // NewFakeTable returns an empty FakeTable.

@@ -331,3 +331,29 @@ type vishFilter func(Flow) bool
 func (f vishFilter) MatchConntrackFlow(c *netlink.ConntrackFlow) bool {
 	return f(Flow{OrigDst: addrPort(c.Forward.DstIP, c.Forward.DstPort), ReplySrc: addrPort(c.Reverse.SrcIP, c.Reverse.SrcPort)})
 }
+
+// TestPrivilegedNetlinkLocal: the table's namespace's own addresses and
+// loopback are local, a neighbour's is not.
+func TestPrivilegedNetlinkLocal(t *testing.T) {
+	requireRoot(t)
+	_, ns := newNetnsHandle(t)
+	inNetns(t, ns, func() {
+		link := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "kpct0"}, PeerName: "kpct1"}
+		if err := netlink.LinkAdd(link); err != nil {
+			t.Fatal(err)
+		}
+		addr, _ := netlink.ParseAddr("198.18.77.1/24")
+		if err := netlink.AddrAdd(link, addr); err != nil {
+			t.Fatal(err)
+		}
+		local, err := NewNetlinkTable().Local(model.IPv4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for a, want := range map[string]bool{"198.18.77.1": true, "127.0.0.1": true, "127.0.0.9": true, "198.18.77.2": false} {
+			if got := local(netip.MustParseAddr(a)); got != want {
+				t.Errorf("local(%s) = %v, want %v", a, got, want)
+			}
+		}
+	})
+}

@@ -71,6 +71,10 @@ type Plan struct {
 	indexed bool
 	byAddr  map[frontend]*target
 	byNode  map[nodePort]*target
+	// local tells the node's own addresses (nil: unknown, every address
+	// counts); an unanswered TCP flow is judged by a NodePort only when it
+	// went to one of them.
+	local func(netip.Addr) bool
 }
 
 // CleansProtocol reports whether stale flows of protocol p are cleaned: UDP as
@@ -364,6 +368,9 @@ func (p *Plan) Stale(f Flow) bool {
 	t, ok := p.byAddr[frontend{f.Protocol, unmap(f.OrigDst)}]
 	if !ok {
 		t, ok = p.byNode[nodePort{f.Protocol, f.OrigDst.Port()}]
+		if ok && f.Protocol == model.TCP && p.local != nil && !p.local(f.OrigDst.Addr().Unmap()) {
+			return false
+		}
 	}
 	if !ok || !t.changed {
 		return false

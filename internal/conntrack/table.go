@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
@@ -23,6 +25,10 @@ type Table interface {
 	// partial walk (the kernel interrupted the dump) returns an error
 	// wrapping ErrPartial along with the entries it did delete.
 	DeleteFlows(family model.Family, scope Scope, stale func(Flow) bool) (int, error)
+	// Local returns a test for this node's own addresses of family (nil
+	// when the table cannot tell). It may be called from within a
+	// DeleteFlows walk's stale function.
+	Local(family model.Family) (func(netip.Addr) bool, error)
 }
 
 // ErrPartial says the kernel interrupted the table dump, so some entries may
@@ -53,6 +59,26 @@ type NetlinkTable struct {
 // would add to every sync.
 func NewNetlinkTable() *NetlinkTable {
 	return &NetlinkTable{fd: -1, open: func() (int, error) { return nfnl.OpenSocket(0) }}
+}
+
+// Local implements Table: the addresses of the namespace's interfaces,
+// and every loopback address.
+func (t *NetlinkTable) Local(family model.Family) (func(netip.Addr) bool, error) {
+	nlFam := netlink.FAMILY_V4
+	if family == model.IPv6 {
+		nlFam = netlink.FAMILY_V6
+	}
+	addrs, err := netlink.AddrList(nil, nlFam)
+	if err != nil {
+		return nil, fmt.Errorf("listing the node's %s addresses: %w", family, err)
+	}
+	local := make(map[netip.Addr]bool, len(addrs))
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			local[ip.Unmap()] = true
+		}
+	}
+	return func(a netip.Addr) bool { return a.IsLoopback() || local[a.Unmap()] }, nil
 }
 
 // DeleteFlows implements Table.
@@ -232,6 +258,24 @@ func (c *Cleaner) cleanFamily(ctx context.Context, plan *Plan, fam model.Family)
 	}
 	start := c.now()
 	var errs []error
+	if plan.protos[model.TCP] {
+		// Unanswered TCP flows are judged by NodePort only when they went
+		// to the node itself (an outbound SYN to another host's port of
+		// the same number is not this node's). The addresses are read when
+		// such a flow first turns up, which is rare.
+		var local func(netip.Addr) bool
+		read := false
+		plan.local = func(a netip.Addr) bool {
+			if !read {
+				read = true
+				var err error
+				if local, err = c.table.Local(fam); err != nil {
+					logger.V(2).Info("Cannot tell the node's addresses; unanswered TCP flows to any address with a NodePort's number are cleaned", "ipFamily", fam, "err", err)
+				}
+			}
+			return local == nil || local(a)
+		}
+	}
 	for _, scope := range plan.Scopes() {
 		n, err := c.table.DeleteFlows(fam, scope, plan.Stale)
 		res.Deleted += n
