@@ -61,14 +61,18 @@ func NewNetlinkTable() *NetlinkTable {
 	return &NetlinkTable{fd: -1, open: func() (int, error) { return nfnl.OpenSocket(0) }}
 }
 
-// Local implements Table: the addresses of the namespace's interfaces,
-// and every loopback address.
+// Local implements Table: the addresses of the interfaces of the calling
+// thread's namespace (the daemon's, where the table's socket is too), and
+// every loopback address.
 func (t *NetlinkTable) Local(family model.Family) (func(netip.Addr) bool, error) {
 	nlFam := netlink.FAMILY_V4
 	if family == model.IPv6 {
 		nlFam = netlink.FAMILY_V6
 	}
 	addrs, err := netlink.AddrList(nil, nlFam)
+	for try := 1; errors.Is(err, netlink.ErrDumpInterrupted) && try < maxAttempts; try++ {
+		addrs, err = netlink.AddrList(nil, nlFam) // an address changed meanwhile
+	}
 	if err != nil {
 		return nil, fmt.Errorf("listing the node's %s addresses: %w", family, err)
 	}

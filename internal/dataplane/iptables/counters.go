@@ -34,8 +34,10 @@ func countersRunner(ex Exec) (nsRunner, bool) {
 }
 
 // ensureCounters creates the counters where the rules run and records in
-// p.counters which the next render may count into. A failure is logged
-// when the state changes (every full sync would repeat it).
+// p.counters which the next render may count into: those that exist, when
+// the kernel also has the nfacct match. The counters are created even
+// without the match, so that the metrics read 0 rather than fail. A failure
+// is logged when the state changes (every full sync would repeat it).
 func (p *Proxier) ensureCounters(ctx context.Context) {
 	run, ok := countersRunner(p.exec)
 	if !ok {
@@ -44,20 +46,6 @@ func (p *Proxier) ensureCounters(ctx context.Context) {
 	}
 	var got Counters
 	err := run.InNamespace(func() error {
-		if p.backend == BackendNFT {
-			// The rules need the kernel's nfacct match too; iptables-nft
-			// would write it through nf_tables' xtables compatibility.
-			compat := p.compat
-			if compat == nil {
-				compat = nfnl.CompatSupported
-			}
-			switch ok, err := compat(unix.NFPROTO_IPV4, "nfacct", 1, false); {
-			case err != nil:
-				return err
-			case !ok:
-				return errors.New("the kernel has no nfacct match (xt_nfacct)")
-			}
-		}
 		var errs []error
 		for _, c := range []struct {
 			name string
@@ -67,12 +55,37 @@ func (p *Proxier) ensureCounters(ctx context.Context) {
 			*c.on = err == nil
 			errs = append(errs, err)
 		}
+		if err := p.nfacctMatch(); err != nil {
+			got = Counters{}
+			errs = append(errs, err)
+		}
 		return errors.Join(errs...)
 	})
 	if err != nil && (got != p.counters || !p.countersTried) {
-		klog.FromContext(ctx).Error(err, "Failed to create nfacct counters; the iptables packet metrics that read them will not be updated")
+		klog.FromContext(ctx).Error(err, "Failed to prepare nfacct counters; the rules count nothing into them")
 	}
 	p.counters, p.countersTried = got, true
+}
+
+// nfacctMatch tells whether the kernel can run the nfacct match, on the
+// nf_tables backend by asking its xtables compatibility (which loads the
+// module as iptables-nft would). The legacy backend cannot be asked that
+// way: the match is assumed there, as upstream assumes it everywhere.
+func (p *Proxier) nfacctMatch() error {
+	if p.backend != BackendNFT {
+		return nil
+	}
+	compat := p.compat
+	if compat == nil {
+		compat = nfnl.CompatSupported
+	}
+	switch ok, err := compat(unix.NFPROTO_IPV4, "nfacct", 1, false); {
+	case err != nil:
+		return err
+	case !ok:
+		return errors.New("the kernel has no nfacct match (xt_nfacct)")
+	}
+	return nil
 }
 
 // deleteCounters removes the counters at cleanup, unless a rule still

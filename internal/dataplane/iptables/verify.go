@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -40,8 +41,8 @@ func (p *Proxier) Verify(ctx context.Context, snap *model.Snapshot, pkt trace.Pa
 	// The rules count into the nfacct counters that existed at the last
 	// full sync (counters.go): render with the ones the kernel's rules name.
 	p.counters = Counters{
-		InvalidDropped:    strings.Contains(saved.String(), nfacct.CTStateInvalidDropped),
-		LocalhostAccepted: strings.Contains(saved.String(), nfacct.LocalhostNodePortsAccepted),
+		InvalidDropped:    countsInto(saved.String(), nfacct.CTStateInvalidDropped),
+		LocalhostAccepted: countsInto(saved.String(), nfacct.LocalhostNodePortsAccepted),
 	}
 	rs := Render(p.params(), snap.Family(fam), snap.Node)
 	want := newRulesetTracer(rs, isLocal)
@@ -54,6 +55,12 @@ func (p *Proxier) Verify(ctx context.Context, snap *model.Snapshot, pkt trace.Pa
 	v.Kernel, v.KernelErr = got.trace(pkt)
 	v.Notes = chainNotes(want, got)
 	return v, nil
+}
+
+// countsInto tells whether a rule of the iptables-save text counts into
+// the nfacct counter (iptables-save prints two blanks before the name).
+func countsInto(saved, counter string) bool {
+	return regexp.MustCompile(`(?m)--nfacct-name +` + regexp.QuoteMeta(counter) + `( |$)`).MatchString(saved)
 }
 
 // TraceSaved traces pkt through iptables-save text of the nat and filter
