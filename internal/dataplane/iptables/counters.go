@@ -89,13 +89,17 @@ func (p *Proxier) nfacctMatch() error {
 }
 
 // deleteCounters removes the counters at cleanup, unless a rule still
-// counts into them (ErrInUse: someone else's iptables mode runs).
+// counts into them (ErrInUse: someone else's iptables mode runs). A kernel
+// without nfacct has nothing to remove, and that is no failure.
 func deleteCounters(ex Exec) error {
 	run, ok := countersRunner(ex)
 	if !ok {
 		return nil
 	}
 	return run.InNamespace(func() error {
+		if nfacct.Supported() != nil {
+			return nil // a kernel without nfacct holds no counters
+		}
 		var errs []error
 		for _, name := range []string{nfacct.CTStateInvalidDropped, nfacct.LocalhostNodePortsAccepted} {
 			if err := nfacct.Delete(name); err != nil && !errors.Is(err, nfacct.ErrInUse) {
