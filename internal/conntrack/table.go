@@ -267,18 +267,14 @@ func (c *Cleaner) cleanFamily(ctx context.Context, plan *Plan, fam model.Family)
 		// to the node itself (an outbound SYN to another host's port of
 		// the same number is not this node's). The addresses are read when
 		// such a flow first turns up, which is rare.
-		var local func(netip.Addr) bool
-		read := false
-		plan.local = func(a netip.Addr) bool {
-			if !read {
-				read = true
-				var err error
-				if local, err = c.table.Local(fam); err != nil {
-					logger.V(2).Info("Cannot tell the node's addresses; unanswered TCP flows to any address with a NodePort's number are cleaned", "ipFamily", fam, "err", err)
-				}
+		local := sync.OnceValue(func() func(netip.Addr) bool {
+			local, err := c.table.Local(fam)
+			if err != nil {
+				logger.V(2).Info("Cannot tell the node's addresses; unanswered TCP flows to any address with a NodePort's number are cleaned", "ipFamily", fam, "err", err)
 			}
-			return local == nil || local(a)
-		}
+			return local
+		})
+		plan.local = func(a netip.Addr) bool { is := local(); return is == nil || is(a) }
 	}
 	for _, scope := range plan.Scopes() {
 		n, err := c.table.DeleteFlows(fam, scope, plan.Stale)

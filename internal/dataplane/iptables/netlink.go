@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kproxy/kproxy/internal/model"
+	"github.com/kproxy/kproxy/internal/nfacct"
 	"github.com/kproxy/kproxy/internal/nfnl"
 )
 
@@ -406,7 +407,7 @@ func (e *encoder) encodeMatch(b *nfnl.Batch, r *rule, k argKind) error {
 	case argNFAcct:
 		// xt_nfacct_match_info_v1: the name (NFACCT_NAME_MAX, 32 bytes
 		// with its NUL), then a pointer the kernel fills in.
-		if len(r.acct) >= 32 {
+		if len(r.acct) > nfacct.MaxNameLen {
 			return fmt.Errorf("%w: an nfacct name of %d bytes", errNotNetlink, len(r.acct))
 		}
 		xt(b, false, "nfacct", 1, 40, func(p []byte) { copy(p, r.acct) })
