@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
@@ -68,7 +69,7 @@ func TestAppendExprMatchesMarshal(t *testing.T) {
 		}
 	})
 	t.Logf("expressions compared, by type: %v", types)
-	for _, want := range []string{"*expr.Meta", "*expr.Cmp", "*expr.Payload", "*expr.Lookup", "*expr.Numgen", "*expr.NAT", "*expr.Verdict", "*expr.Fib", "*expr.Ct", "*expr.Immediate", "*expr.Bitwise"} {
+	for _, want := range []string{"*expr.Meta", "*expr.Cmp", "*expr.Payload", "*expr.Lookup", "*expr.Numgen", "*expr.NAT", "*expr.Verdict", "*expr.Fib", "*expr.Ct", "*expr.Immediate", "*expr.Bitwise", "*expr.Dynset", "*expr.Byteorder", "*expr.Hash"} {
 		if types[want] == 0 {
 			t.Errorf("render made no %s: the comparison does not cover it", want)
 		}
@@ -109,6 +110,15 @@ func TestAppendExprMatchesMarshal(t *testing.T) {
 		&expr.Fib{Register: 1, FlagSADDR: true, ResultADDRTYPE: true},
 		&expr.Fib{Register: 1, FlagDADDR: true, FlagMARK: true, FlagIIF: true, FlagOIF: true, FlagPRESENT: true, ResultOIF: true, ResultOIFNAME: true},
 		&expr.Fib{Register: 1},
+		&expr.Dynset{SrcRegKey: 1, SetName: "affinity", Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: 10800 * time.Second},
+		&expr.Dynset{SrcRegKey: 1, SrcRegData: 2, SetName: "m", SetID: 7, Operation: unix.NFT_DYNSET_OP_ADD, Invert: true},
+		&expr.Dynset{SrcRegKey: 1, SetName: "s", Operation: 2 /* NFT_DYNSET_OP_DELETE */, Timeout: 1500 * time.Millisecond},
+		&expr.Dynset{SrcRegKey: 1, SetName: "counted", Exprs: []expr.Any{&expr.Counter{}}},
+		&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 4, Size: 4},
+		&expr.Byteorder{SourceRegister: 2, DestRegister: 3, Op: expr.ByteorderNtoh, Len: 8, Size: 2},
+		&expr.Hash{SourceRegister: 1, DestRegister: 1, Length: 4, Modulus: 1021, Seed: 0xbeef, Offset: 5 << 20, Type: expr.HashTypeJenkins},
+		&expr.Hash{SourceRegister: 1, DestRegister: 2, Length: 16, Modulus: 8},
+		&expr.Hash{DestRegister: 1, Modulus: 3, Type: expr.HashTypeSym},
 		&expr.Masq{},
 		&expr.Counter{Bytes: 1, Packets: 2},
 	}

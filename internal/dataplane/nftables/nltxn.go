@@ -36,6 +36,9 @@ type nlTxn struct {
 	// scratch and elems hold the encoding of the current element.
 	scratch []byte
 	elems   [2]nlElem
+	// exprs holds the expressions of the rule being encoded: one slice
+	// for every rule of the transaction instead of one grown per rule.
+	exprs []expr.Any
 	// fields caches each set's key and data field types.
 	fields map[string]setFields
 }
@@ -126,12 +129,23 @@ func (t *nlTxn) rule(verb opVerb, r *ruleOp) error {
 	if verb != opAdd {
 		return errNoNetlink
 	}
+	if !r.rule.expands() {
+		return t.addRule(r.chain, r.rule)
+	}
 	for _, kr := range r.rule.kernelRules() {
-		if err := t.b.addRule(r.chain, kr, kr.exprs()); err != nil {
+		if err := t.addRule(r.chain, kr); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// addRule encodes one kernel rule into the batch.
+func (t *nlTxn) addRule(chain string, kr rule) error {
+	t.exprs = kr.appendExprs(t.exprs[:0])
+	err := t.b.addRule(chain, kr, t.exprs)
+	clear(t.exprs)
+	return err
 }
 
 func (t *nlTxn) set(verb opVerb, name string, s *set) error {

@@ -46,21 +46,31 @@ func (r rule) appendText(b []byte) []byte {
 // `ip saddr A return`, …, `drop`: equivalent as it is the last rule of its
 // chain, and it needs no anonymous interval set.
 func (r rule) kernelRules() []rule {
-	if len(r) == 1 {
-		if a, ok := r[0].(allowOnly); ok {
-			out := make([]rule, 0, len(a.allowed)+1)
-			for _, p := range a.allowed {
-				out = append(out, rule{addrCmp{sel: a.sel, p: p}, verdict{kind: expr.VerdictReturn}})
-			}
-			return append(out, rule{verdict{kind: expr.VerdictDrop}})
-		}
+	if !r.expands() {
+		return []rule{r}
 	}
-	return []rule{r}
+	a := r[0].(allowOnly)
+	out := make([]rule, 0, len(a.allowed)+1)
+	for _, p := range a.allowed {
+		out = append(out, rule{addrCmp{sel: a.sel, p: p}, verdict{kind: expr.VerdictReturn}})
+	}
+	return append(out, rule{verdict{kind: expr.VerdictDrop}})
+}
+
+// expands reports whether the rule is more than one kernel rule.
+func (r rule) expands() bool {
+	if len(r) != 1 {
+		return false
+	}
+	_, ok := r[0].(allowOnly)
+	return ok
 }
 
 // exprs encodes a rule that kernelRules returned.
-func (r rule) exprs() []expr.Any {
-	var out []expr.Any
+func (r rule) exprs() []expr.Any { return r.appendExprs(nil) }
+
+// appendExprs appends the encoding of a rule that kernelRules returned.
+func (r rule) appendExprs(out []expr.Any) []expr.Any {
 	for _, s := range r {
 		out = s.appendExprs(out)
 	}
