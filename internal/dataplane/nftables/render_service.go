@@ -1,7 +1,6 @@
 package nftables
 
 import (
-	"hash/fnv"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -57,21 +56,43 @@ func (r *renderer) affinityKeys(c *portCtx) {
 	if c.sp.AffinityTimeout <= 0 {
 		return
 	}
-	c.affinity = map[netip.AddrPort]key{}
-	ids := make([]uint32, 0, len(c.sp.AllReachable))
-	for _, ep := range c.sp.AllReachable {
-		h := fnv.New32a()
-		h.Write([]byte(c.human + "/" + epName(ep)))
-		c.affinity[ep.AddrPort()] = key{{sel: r.saddr}, {mark: h.Sum32()}}
-		ids = append(ids, h.Sum32())
+	n := len(c.sp.AllReachable)
+	c.affinity = make(map[netip.AddrPort]key, n)
+	ids := make([]uint32, 0, n)
+	parts := make([]keyPart, 2*n) // every key's two fields, one allocation
+	var buf [64]byte
+	for i, ep := range c.sp.AllReachable {
+		id := affinityHash(c.human, ep, buf[:0])
+		k := key(parts[2*i : 2*i+2 : 2*i+2])
+		k[0], k[1] = keyPart{sel: r.saddr}, keyPart{mark: id}
+		c.affinity[ep.AddrPort()] = k
+		ids = append(ids, id)
 	}
 	slices.Sort(ids)
 	c.ps.Affinity = slices.Compact(ids)
 }
 
-// epName is an endpoint in a form allowed in nftables names.
-func epName(ep *model.Endpoint) string {
-	return strings.ReplaceAll(ep.IP.String(), ":", ".") + "/" + strconv.Itoa(int(ep.Port))
+// affinityHash is the 32-bit FNV-1a hash of "HUMAN/ENDPOINT" (epName),
+// written without allocating: it names a (service port, endpoint) pair in
+// the affinity set, so it must not change between versions.
+func affinityHash(human string, ep *model.Endpoint, buf []byte) uint32 {
+	buf = append(buf, '/')
+	buf = ep.IP.AppendTo(buf)
+	for i, c := range buf {
+		if c == ':' {
+			buf[i] = '.'
+		}
+	}
+	buf = strconv.AppendUint(append(buf, '/'), uint64(ep.Port), 10)
+	const offset32, prime32 = 2166136261, 16777619
+	h := uint32(offset32)
+	for i := range len(human) {
+		h = (h ^ uint32(human[i])) * prime32
+	}
+	for _, c := range buf {
+		h = (h ^ uint32(c)) * prime32
+	}
+	return h
 }
 
 // policyChains renders the chains that pick an endpoint for the Cluster and

@@ -3,9 +3,12 @@ package nftables
 import (
 	"bytes"
 	"flag"
+	"hash/fnv"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/kproxy/kproxy/internal/dataplane"
@@ -109,4 +112,30 @@ func TestRenderDeterministic(t *testing.T) {
 	if a.String() != b.String() {
 		t.Fatal("two renders of the same snapshot differ")
 	}
+}
+
+// TestAffinityHash: the affinity ids are kept in the kernel's affinity set
+// across restarts and upgrades, so affinityHash must stay the FNV-1a hash
+// of "HUMAN/ADDRESS/PORT" (the address's colons as dots) it always was.
+func TestAffinityHash(t *testing.T) {
+	for _, ep := range []*model.Endpoint{
+		dptest.EP("198.18.64.10", 8080, false),
+		dptest.EP("198.18.0.1", 1, true),
+		dptest.EP("fd00:0:0:100::a", 65535, false),
+		dptest.EP("fd00::1:2:3:4", 80, false),
+	} {
+		for _, human := range []string{"ns/svc/tcp/p", "", "a-very-long-namespace/with-a-long-name/sctp/metrics-port"} {
+			h := fnv.New32a()
+			h.Write([]byte(human + "/" + epName(ep)))
+			if got, want := affinityHash(human, ep, nil), h.Sum32(); got != want {
+				t.Errorf("affinityHash(%q, %s) = %#x, want %#x", human, ep.AddrPort(), got, want)
+			}
+		}
+	}
+}
+
+// epName is an endpoint as the affinity ids name it: ADDRESS/PORT, the
+// address's colons as dots.
+func epName(ep *model.Endpoint) string {
+	return strings.ReplaceAll(ep.IP.String(), ":", ".") + "/" + strconv.Itoa(int(ep.Port))
 }
