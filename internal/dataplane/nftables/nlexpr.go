@@ -1,8 +1,6 @@
 package nftables
 
 import (
-	"encoding/binary"
-
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 )
@@ -127,7 +125,7 @@ func (b *nlBatch) appendExpr(e expr.Any) error {
 		}
 		b.AttrBE32(unix.NFTA_DYNSET_OP, e.Operation)
 		if e.Timeout != 0 {
-			b.Attr(unix.NFTA_DYNSET_TIMEOUT, binary.BigEndian.AppendUint64(nil, uint64(e.Timeout.Milliseconds())))
+			b.Attr(unix.NFTA_DYNSET_TIMEOUT, be64(uint64(e.Timeout.Milliseconds())))
 		}
 		b.AttrStr(unix.NFTA_DYNSET_SET_NAME, e.SetName)
 		b.AttrBE32(unix.NFTA_DYNSET_SET_ID, e.SetID)

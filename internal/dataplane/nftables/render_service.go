@@ -72,9 +72,10 @@ func (r *renderer) affinityKeys(c *portCtx) {
 	c.ps.Affinity = slices.Compact(ids)
 }
 
-// affinityHash is the 32-bit FNV-1a hash of "HUMAN/ENDPOINT" (epName),
-// written without allocating: it names a (service port, endpoint) pair in
-// the affinity set, so it must not change between versions.
+// affinityHash is the 32-bit FNV-1a hash of "HUMAN/ADDRESS/PORT", the
+// address's colons written as dots, computed without allocating: it names a
+// (service port, endpoint) pair in the affinity set, so it must not change
+// between versions (TestAffinityHash).
 func affinityHash(human string, ep *model.Endpoint, buf []byte) uint32 {
 	buf = append(buf, '/')
 	buf = ep.IP.AppendTo(buf)
