@@ -154,3 +154,7 @@ func BenchmarkRuleEncoding(b *testing.B) {
 		}
 	}
 }
+
+// exprs encodes a rule that kernelRules returned (the transaction encodes
+// into a slice it reuses: nlTxn.addRule).
+func (r rule) exprs() []expr.Any { return r.appendExprs(nil) }

@@ -66,9 +66,6 @@ func (r rule) expands() bool {
 	return ok
 }
 
-// exprs encodes a rule that kernelRules returned.
-func (r rule) exprs() []expr.Any { return r.appendExprs(nil) }
-
 // appendExprs appends the encoding of a rule that kernelRules returned.
 func (r rule) appendExprs(out []expr.Any) []expr.Any {
 	for _, s := range r {
