@@ -78,10 +78,12 @@ func testMasqueradeAll(t *testing.T, b *fbed, f family) {
 	masqueraded := isOneOf(nodeOwnAddrs(from.Node)...)
 	for _, proto := range []string{echo.ProtoTCP, echo.ProtoUDP} {
 		got := waitForPods(t, b.exited, from.Netns, req(proto, vip, 80), others...)
-		// In the IPVS VM (IPv6), one connection of the first burst that
-		// reaches every endpoint of the new Service has been seen
-		// unmasqueraded (cause not found): the next burst must be
-		// masqueraded throughout.
+		// In the IPVS VM one connection of the first full burst is
+		// sometimes unmasqueraded: its first SYN, sent before the sync,
+		// left an unDNATed conntrack entry, and its retransmit came
+		// between the commit and the cleanup's delete of that entry, so
+		// IPVS forwarded it without the nat table (internal/conntrack
+		// README, "TCP"). The next burst must be masqueraded throughout.
 		if b.mode == "ipvs" && !allSources(got, masqueraded) {
 			t.Logf("%s pod %s -> %s: not every source masqueraded in the first full burst (%s); sampling again", proto, from.PodName, vip, got)
 			got = waitForPods(t, b.exited, from.Netns, req(proto, vip, 80), others...)
