@@ -9,9 +9,10 @@ FUZZTIME ?= 20s
 
 all: build
 
+## static binaries (no cgo), as the image's
 build:
-	$(GO) build -o $(BIN)/kproxy ./cmd/kproxy
-	$(GO) build -o $(BIN)/kproxy-echo ./test/echo
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/kproxy ./cmd/kproxy
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/kproxy-echo ./test/echo
 
 ## unit tests, race detector on
 unit:
