@@ -148,7 +148,8 @@ type Config struct {
 	// NodeIPs are the node's primary IPs (from --bind-address or the Node object).
 	NodeIPs []netip.Addr
 	// TableName overrides the kernel table (nftables) name; empty means
-	// "kproxy". Upstream's "kube-proxy" tables are leftovers to remove.
+	// upstream's "kube-proxy", which kproxy shares so that a rollback to
+	// kube-proxy takes the table over (nftables.DefaultTableName).
 	TableName string
 	// NoLocalhostNodePorts is iptables.localhostNodePorts=false: NodePorts are
 	// not answered on 127.0.0.0/8 (iptables mode, IPv4 only). The zero value
