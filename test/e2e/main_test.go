@@ -117,6 +117,8 @@ func buildBinaries(dir string) error {
 	start := time.Now()
 	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/kproxy", "./test/echo")
 	cmd.Dir = root
+	// Static, as make build and the image build them.
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build ./cmd/kproxy ./test/echo: %w\n%s", err, out)
 	}
