@@ -54,6 +54,40 @@ func TestCleanerClean(t *testing.T) {
 	}
 }
 
+// TestCleanerCleanSYNs: the walk before a commit deletes the un-DNATed
+// SYNs to the frontends that become reachable and leaves every other flow,
+// stale UDP ones included, to Clean after the commit.
+func TestCleanerCleanSYNs(t *testing.T) {
+	ctx := context.Background()
+	dnsOld, dnsNew, web, staleUDP, syn := synCase()
+	otherSYN := synFlow("198.18.0.81:80", "198.18.0.81:80")
+	table := NewFakeTable()
+	table.Add(model.IPv4, staleUDP, syn, otherSYN)
+	c := NewCleaner(table)
+
+	res := c.CleanSYNs(ctx, snapshot(dnsOld), snapshot(dnsNew, web), false)
+	if len(res) != 2 || res[0].Deleted != 1 || res[0].Err != nil || !res[1].Skipped {
+		t.Fatalf("CleanSYNs results = %+v, want 1 deleted in IPv4, IPv6 skipped", res)
+	}
+	if got, want := table.Scopes, []Scope{{Protocol: model.TCP, Unreplied: true}}; !slices.Equal(got, want) {
+		t.Errorf("walks = %v, want one of unanswered TCP", got)
+	}
+	if got := table.Flows(model.IPv4); !slices.Equal(got, []Flow{staleUDP, otherSYN}) {
+		t.Errorf("flows left = %v, want [%v %v]", got, staleUDP, otherSYN)
+	}
+
+	// After the commit, Clean takes the UDP flow.
+	if res := c.Clean(ctx, snapshot(dnsOld), snapshot(dnsNew, web), false); res[0].Deleted != 1 {
+		t.Errorf("Clean after CleanSYNs deleted %d, want the stale UDP flow", res[0].Deleted)
+	}
+
+	// A change that makes no TCP frontend reachable reads nothing.
+	walks := table.Walks[model.IPv4]
+	if res := c.CleanSYNs(ctx, snapshot(dnsOld, web), snapshot(dnsNew, web), false); !res[0].Skipped || table.Walks[model.IPv4] != walks {
+		t.Errorf("CleanSYNs of a UDP-only change walked the table: %+v", res)
+	}
+}
+
 // TestCleanerPartial: between snapshots the model derived one from the
 // other, Clean compares the changed Service's ports only, and cleans the
 // same flows as a comparison of every port would.

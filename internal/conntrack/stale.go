@@ -75,6 +75,9 @@ type Plan struct {
 	// counts); an unanswered TCP flow is judged by a NodePort only when it
 	// went to one of them.
 	local func(netip.Addr) bool
+	// synsOnly restricts the plan to its TCP part: un-DNATed SYNs to TCP
+	// frontends that became reachable (a walk before the commit).
+	synsOnly bool
 }
 
 // CleansProtocol reports whether stale flows of protocol p are cleaned: UDP as
@@ -109,7 +112,19 @@ func CleansProtocol(p model.Protocol) bool {
 // usual one at a cold start, is walked without it: at 10k Services the
 // index was ~7 MB allocated at the cold start's memory peak.
 func NewPlan(prev, next *model.FamilySnapshot, full bool) *Plan {
-	p := &Plan{prev: prev, next: next, full: full}
+	return newPlan(prev, next, full, false)
+}
+
+// NewSYNPlan is NewPlan restricted to TCP: it judges stale only the
+// un-DNATed SYNs to TCP frontends that the sync from prev to next makes
+// reachable, and no UDP or SCTP flow. It is for a walk before that sync is
+// committed (see Cleaner.CleanSYNs).
+func NewSYNPlan(prev, next *model.FamilySnapshot, full bool) *Plan {
+	return newPlan(prev, next, full, true)
+}
+
+func newPlan(prev, next *model.FamilySnapshot, full, synsOnly bool) *Plan {
+	p := &Plan{prev: prev, next: next, full: full, synsOnly: synsOnly}
 	p.changed = func(yield func(port, old *model.ServicePort) bool) {
 		for port, old := range withPrev(prev, next) {
 			if (full || old != port) && !yield(port, old) {
@@ -127,7 +142,16 @@ func NewPlan(prev, next *model.FamilySnapshot, full bool) *Plan {
 // proportional to the cluster (comparing every port was 1.4 ms per sync at
 // 10k Services, half of kproxy's CPU under 100 changes/s).
 func NewPartialPlan(prev, next *model.FamilySnapshot, changed []objects.Key) *Plan {
-	p := &Plan{prev: prev, next: next}
+	return newPartialPlan(prev, next, changed, false)
+}
+
+// NewPartialSYNPlan is NewPartialPlan restricted to TCP, as NewSYNPlan.
+func NewPartialSYNPlan(prev, next *model.FamilySnapshot, changed []objects.Key) *Plan {
+	return newPartialPlan(prev, next, changed, true)
+}
+
+func newPartialPlan(prev, next *model.FamilySnapshot, changed []objects.Key, synsOnly bool) *Plan {
+	p := &Plan{prev: prev, next: next, synsOnly: synsOnly}
 	p.changed = func(yield func(port, old *model.ServicePort) bool) {
 		if next == nil {
 			return
@@ -155,6 +179,9 @@ func (p *Plan) count() *Plan {
 	p.Family = p.next.Family
 	for port, old := range p.changed {
 		p.compared++
+		if p.synsOnly && port.Protocol != model.TCP {
+			continue
+		}
 		if cleans(old, port, p.full) {
 			// The common single-endpoint change of a TCP Service has
 			// none: no index, no table walk, and no work proportional
@@ -183,6 +210,7 @@ func (p *Plan) index() {
 			if cleans(old, port, p.full) {
 				p.add(port, reachableTCP)
 			}
+		case p.synsOnly:
 		case CleansProtocol(port.Protocol) && !p.full:
 			if olds == nil {
 				olds = map[*model.ServicePort]*model.ServicePort{}
@@ -191,7 +219,7 @@ func (p *Plan) index() {
 		}
 	}
 	for _, port := range p.next.Ports {
-		if !CleansProtocol(port.Protocol) {
+		if p.synsOnly || !CleansProtocol(port.Protocol) {
 			continue
 		}
 		// Indexed even without serving endpoints (then never cleaned).
@@ -359,7 +387,7 @@ func (p *Plan) Scopes() []Scope {
 // serving endpoints. A flow to a Service IP is judged by that Service only;
 // the NodePort index is consulted for other destinations.
 func (p *Plan) Stale(f Flow) bool {
-	if p.Empty() || !CleansProtocol(f.Protocol) && !unnatedSYN(f) {
+	if p.Empty() || !CleansProtocol(f.Protocol) && !unnatedSYN(f) || p.synsOnly && !unnatedSYN(f) {
 		return false
 	}
 	if !p.indexed {

@@ -1,6 +1,7 @@
 package conntrack
 
 import (
+	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
@@ -238,6 +239,60 @@ func TestPlanTCPBeforeRules(t *testing.T) {
 			if got := NewPartialPlan(tc.prev, tc.next, serviceKeys(tc.prev, tc.next)).Stale(synSent); got != tc.want {
 				t.Errorf("partial plan: Stale = %v, want %v", got, tc.want)
 			}
+			if got := NewSYNPlan(tc.prev, tc.next, false).Stale(synSent); got != tc.want {
+				t.Errorf("SYN plan: Stale = %v, want %v", got, tc.want)
+			}
+			if got := NewPartialSYNPlan(tc.prev, tc.next, serviceKeys(tc.prev, tc.next)).Stale(synSent); got != tc.want {
+				t.Errorf("partial SYN plan: Stale = %v, want %v", got, tc.want)
+			}
 		})
 	}
+}
+
+// TestSYNPlanJudgesSYNsOnly: a SYN plan covers the TCP part of the plan
+// and nothing else, whatever the table shows it (a kernel that ignores the
+// dump filter shows everything).
+func TestSYNPlanJudgesSYNsOnly(t *testing.T) {
+	dnsOld, dnsNew, web, staleUDP, syn := synCase()
+	dnatedSYN := synFlow("198.18.0.80:80", "198.19.8.1:8080")
+
+	for _, full := range []bool{false, true} {
+		t.Run(fmt.Sprintf("full=%v", full), func(t *testing.T) {
+			// Both Services changed: the full plan cleans both
+			// protocols, the SYN plan TCP only.
+			plan := NewPlan(fam(dnsOld), fam(dnsNew, web), full)
+			synPlan := NewSYNPlan(fam(dnsOld), fam(dnsNew, web), full)
+			if !plan.Stale(staleUDP) || !plan.Stale(syn) {
+				t.Fatalf("plan: the stale UDP flow and the un-DNATed SYN must both be stale")
+			}
+			if synPlan.Stale(staleUDP) || !synPlan.Stale(syn) || synPlan.Stale(dnatedSYN) {
+				t.Errorf("SYN plan: Stale(UDP, SYN, DNATed SYN) = %v, %v, %v; want false, true, false",
+					synPlan.Stale(staleUDP), synPlan.Stale(syn), synPlan.Stale(dnatedSYN))
+			}
+			if got, want := synPlan.Scopes(), []Scope{{Protocol: model.TCP, Unreplied: true}}; !slices.Equal(got, want) {
+				t.Errorf("SYN plan scopes = %v, want %v", got, want)
+			}
+		})
+	}
+
+	// Only the UDP Service changed: nothing for a SYN plan to do.
+	if p := NewSYNPlan(fam(dnsOld, web), fam(dnsNew, web), false); !p.Empty() || len(p.Scopes()) != 0 {
+		t.Errorf("SYN plan of a UDP-only change: empty=%v scopes=%v, want empty", p.Empty(), p.Scopes())
+	}
+}
+
+// synCase is a UDP Service whose endpoint moved and a new TCP Service
+// (198.18.0.80:80, NodePort 30080), with a flow each that a plan from
+// before to after finds stale: one to the UDP endpoint gone, and a SYN
+// to the TCP Service that was never DNATed.
+func synCase() (dnsOld, dnsNew, web *model.ServicePort, staleUDP, syn Flow) {
+	dnsOld = svc("dns", model.UDP, "198.18.0.10", 53, 0, ep("198.19.1.1:53", true))
+	dnsNew = svc("dns", model.UDP, "198.18.0.10", 53, 0, ep("198.19.1.2:53", true))
+	web = svc("web", model.TCP, "198.18.0.80", 80, 30080, ep("198.19.8.1:8080", true))
+	return dnsOld, dnsNew, web, flow(model.UDP, "198.18.0.10:53", "198.19.1.1:53"), synFlow("198.18.0.80:80", "198.18.0.80:80")
+}
+
+// synFlow is an unanswered TCP flow.
+func synFlow(dst, replySrc string) Flow {
+	return Flow{model.TCP, netip.MustParseAddrPort(dst), netip.MustParseAddrPort(replySrc), true}
 }

@@ -229,6 +229,21 @@ func NewCleaner(table Table) *Cleaner { return &Cleaner{table: table, now: time.
 // per family for metrics; a failure is not fatal (the next full sync cleans
 // again).
 func (c *Cleaner) Clean(ctx context.Context, prev, next *model.Snapshot, full bool) []Result {
+	return c.clean(ctx, prev, next, full, false)
+}
+
+// CleanSYNs is Clean's TCP part, for before the sync from prev to next is
+// committed: it deletes the un-DNATed SYNs to the TCP frontends that the
+// sync makes reachable, and nothing else. Clean after the commit deletes
+// them too, but a SYN retransmitted between the commit and that walk still
+// meets such an entry and bypasses the nat table; with the entry gone
+// before the commit, it makes a new one that the rules see. Without work to
+// do (no TCP frontend becomes reachable) the table is not read.
+func (c *Cleaner) CleanSYNs(ctx context.Context, prev, next *model.Snapshot, full bool) []Result {
+	return c.clean(ctx, prev, next, full, true)
+}
+
+func (c *Cleaner) clean(ctx context.Context, prev, next *model.Snapshot, full, synsOnly bool) []Result {
 	var results []Result
 	changed, partial := next.ChangedSince(prev)
 	partial = partial && !full
@@ -243,9 +258,9 @@ func (c *Cleaner) Clean(ctx context.Context, prev, next *model.Snapshot, full bo
 		}
 		var plan *Plan
 		if partial {
-			plan = NewPartialPlan(prevFam, nextFam, changed)
+			plan = newPartialPlan(prevFam, nextFam, changed, synsOnly)
 		} else {
-			plan = NewPlan(prevFam, nextFam, full)
+			plan = newPlan(prevFam, nextFam, full, synsOnly)
 		}
 		c.compared += plan.compared
 		results = append(results, c.cleanFamily(ctx, plan, fam))
@@ -287,11 +302,11 @@ func (c *Cleaner) cleanFamily(ctx context.Context, plan *Plan, fam model.Family)
 	res.Duration = c.now().Sub(start)
 	switch {
 	case errors.Is(res.Err, ErrPartial):
-		logger.V(2).Info("Conntrack table walk was interrupted, cleaned what was seen", "ipFamily", fam, "deleted", res.Deleted, "err", res.Err)
+		logger.V(2).Info("Conntrack table walk was interrupted, cleaned what was seen", "ipFamily", fam, "synsOnly", plan.synsOnly, "deleted", res.Deleted, "err", res.Err)
 	case res.Err != nil:
-		logger.Error(res.Err, "Failed to delete stale conntrack entries", "ipFamily", fam, "deleted", res.Deleted)
+		logger.Error(res.Err, "Failed to delete stale conntrack entries", "ipFamily", fam, "synsOnly", plan.synsOnly, "deleted", res.Deleted)
 	default:
-		logger.V(4).Info("Deleted stale conntrack entries", "ipFamily", fam, "deleted", res.Deleted, "took", res.Duration)
+		logger.V(4).Info("Deleted stale conntrack entries", "ipFamily", fam, "synsOnly", plan.synsOnly, "deleted", res.Deleted, "took", res.Duration)
 	}
 	return res
 }

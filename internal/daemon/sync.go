@@ -29,6 +29,12 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 	if d.prev == nil && d.endColdLimit == nil {
 		d.endColdLimit = startColdLimit(ctx)
 	}
+	if d.mode == ModeIPVS {
+		// IPVS forwards a SYN that matches an un-DNATed entry from before
+		// the sync, bypassing the nat table (and so its masquerade): such
+		// entries go before the commit as well as after it.
+		d.cleaner.CleanSYNs(ctx, d.prev, snap, req.Full)
+	}
 	modelDone := d.env.clock.Now()
 
 	err := d.dp.Sync(ctx, snap, dataplane.SyncRequest{Full: req.Full, Changed: b.Changed, NodeChanged: b.NodeChanged})
