@@ -226,6 +226,10 @@ func histogramSum(fams map[string]*dto.MetricFamily, name string, labels map[str
 func TestObserveSync(t *testing.T) {
 	end := time.Unix(1700000100, 0)
 	fs := model.NewFamilySnapshot(model.IPv4, []*model.ServicePort{port("a", true, true, 0, true)})
+	// One Service with two ports whose Local policy finds no local endpoint.
+	dns, dnsTCP := port("dns", true, false, 0, true), port("dns", true, false, 0, true)
+	dns.ID.Port, dnsTCP.ID.Port = "dns", "dns-tcp"
+	twoPorts := model.NewFamilySnapshot(model.IPv4, []*model.ServicePort{dns, dnsTCP})
 	tests := []struct {
 		name string
 		mode string
@@ -286,6 +290,18 @@ func TestObserveSync(t *testing.T) {
 				"kubeproxy_sync_proxy_rules_iptables_restore_failures_total":         1,
 				"kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total": 1,
 			},
+		},
+		{
+			name: "nftables counts Service ports without local endpoints",
+			mode: ModeNFTables,
+			r:    SyncResult{Family: model.IPv4, End: end, Snapshot: twoPorts},
+			want: map[string]float64{"kubeproxy_sync_proxy_rules_no_local_endpoints_total": 2},
+		},
+		{
+			name: "ipvs counts Services without local endpoints",
+			mode: ModeIPVS,
+			r:    SyncResult{Family: model.IPv4, End: end, Snapshot: twoPorts},
+			want: map[string]float64{"kubeproxy_sync_proxy_rules_no_local_endpoints_total": 1},
 		},
 		{
 			name: "ipvs has no full histogram",

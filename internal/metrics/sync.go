@@ -54,6 +54,11 @@ func (m *Metrics) ObserveSync(r SyncResult) {
 	}
 	if r.Snapshot != nil {
 		internal, external := r.Snapshot.NoLocalEndpoints()
+		if m.mode == ModeIPVS {
+			// Upstream's IPVS mode counts Services, its other modes
+			// Service ports.
+			internal, external = r.Snapshot.NoLocalEndpointServices()
+		}
 		m.NoLocalEndpoints(r.Family, internal, external)
 	}
 }

@@ -163,24 +163,43 @@ type portTally struct {
 	// whose Local internal (external) traffic policy finds none on this
 	// node.
 	noLocalInternal, noLocalExternal int
+	// noLocalInternalSvcs and noLocalExternalSvcs count the Services
+	// with at least one such port.
+	noLocalInternalSvcs, noLocalExternalSvcs int
 	// healthChecked are the ports with a health-check node port, in Ports
 	// order.
 	healthChecked []*ServicePort
 }
 
-// add counts p in t.
-func (t *portTally) add(p *ServicePort) {
-	if p.HasEndpoints && len(p.LocalEndpoints) == 0 {
-		if p.InternalPolicyLocal {
-			t.noLocalInternal++
-		}
-		if p.ExternalPolicyLocal {
-			t.noLocalExternal++
+// tallyOf returns the tally of ports, which hold each Service's ports one
+// after another (as sorted by ID), so that a Service is counted once.
+func tallyOf(ports ...[]*ServicePort) portTally {
+	var t portTally
+	var lastInternal, lastExternal *ServicePort
+	for _, list := range ports {
+		for _, p := range list {
+			if p.HasEndpoints && len(p.LocalEndpoints) == 0 {
+				if p.InternalPolicyLocal {
+					t.noLocalInternal++
+					if lastInternal == nil || lastInternal.ID.Service() != p.ID.Service() {
+						t.noLocalInternalSvcs++
+					}
+					lastInternal = p
+				}
+				if p.ExternalPolicyLocal {
+					t.noLocalExternal++
+					if lastExternal == nil || lastExternal.ID.Service() != p.ID.Service() {
+						t.noLocalExternalSvcs++
+					}
+					lastExternal = p
+				}
+			}
+			if p.HealthCheckNodePort != 0 {
+				t.healthChecked = append(t.healthChecked, p)
+			}
 		}
 	}
-	if p.HealthCheckNodePort != 0 {
-		t.healthChecked = append(t.healthChecked, p)
-	}
+	return t
 }
 
 // NoLocalEndpoints counts, as upstream's rule sync does, the ports that
@@ -189,6 +208,13 @@ func (t *portTally) add(p *ServicePort) {
 // outright and not counted. It does not walk the ports.
 func (fs *FamilySnapshot) NoLocalEndpoints() (internal, external int) {
 	return fs.tally.noLocalInternal, fs.tally.noLocalExternal
+}
+
+// NoLocalEndpointServices is NoLocalEndpoints by Service instead of by
+// port, as upstream's IPVS mode counts: a Service with two such ports
+// counts once.
+func (fs *FamilySnapshot) NoLocalEndpointServices() (internal, external int) {
+	return fs.tally.noLocalInternalSvcs, fs.tally.noLocalExternalSvcs
 }
 
 // HealthChecked returns the ports with a health-check node port, sorted by

@@ -12,11 +12,7 @@ func NewFamilySnapshot(f Family, ports []*ServicePort) *FamilySnapshot {
 	if len(ports) == 0 {
 		ports = nil
 	}
-	fs := &FamilySnapshot{Family: f, Ports: ports}
-	for _, p := range ports {
-		fs.tally.add(p)
-	}
-	return fs
+	return &FamilySnapshot{Family: f, Ports: ports, tally: tallyOf(ports)}
 }
 
 // replace returns fs with the ports of the Services keys (sorted) replaced
@@ -54,19 +50,19 @@ func (fs *FamilySnapshot) replace(keys []objects.Key, fresh []*ServicePort) *Fam
 // and fresh counted, the health-checked ports kept in order. Its cost is
 // that of the changed ports and the health-checked ones, not of all.
 func (t portTally) replace(ports []*ServicePort, spans [][2]int, fresh []*ServicePort) portTally {
-	var gone, added portTally
-	for _, sp := range spans {
-		for _, p := range ports[sp[0]:sp[1]] {
-			gone.add(p)
-		}
+	goneLists := make([][]*ServicePort, len(spans))
+	for i, sp := range spans {
+		goneLists[i] = ports[sp[0]:sp[1]]
 	}
-	for _, p := range fresh {
-		added.add(p)
-	}
+	gone, added := tallyOf(goneLists...), tallyOf(fresh)
 	out := portTally{
 		noLocalInternal: t.noLocalInternal - gone.noLocalInternal + added.noLocalInternal,
 		noLocalExternal: t.noLocalExternal - gone.noLocalExternal + added.noLocalExternal,
-		healthChecked:   t.healthChecked,
+		// spans and fresh hold whole Services, so their Service counts
+		// are exact too.
+		noLocalInternalSvcs: t.noLocalInternalSvcs - gone.noLocalInternalSvcs + added.noLocalInternalSvcs,
+		noLocalExternalSvcs: t.noLocalExternalSvcs - gone.noLocalExternalSvcs + added.noLocalExternalSvcs,
+		healthChecked:       t.healthChecked,
 	}
 	if len(gone.healthChecked) > 0 || len(added.healthChecked) > 0 {
 		// Merge: the kept ones in order, the fresh ones (sorted) at their

@@ -220,7 +220,21 @@ func testInternalTrafficPolicyLocal(t *testing.T, b *fbed, f family) {
 		got := waitForPods(t, b.exited, c.ns, req(echo.ProtoTCP, vip, 80), c.want...)
 		t.Logf("tcp %s -> %s: %s", c.ns.Name, vip, got)
 	}
+	before := noLocalInternal(t, b.node(1), f)
 	b.setSlices(t, svc.Name, nil, readyEPs(on1...))
+	// node2's kubeproxy_sync_proxy_rules_no_local_endpoints_total counts
+	// the Service's two ports, or in IPVS mode the Service once, as
+	// upstream's modes do.
+	wantMore := float64(len(defaultPorts()))
+	if b.mode == "ipvs" {
+		wantMore = 1
+	}
+	eventually(t, b.exited, func() error {
+		if got := noLocalInternal(t, b.node(1), f); got != before+wantMore {
+			return fmt.Errorf("%v, want %v (%v before, +%v)", got, before+wantMore, before, wantMore)
+		}
+		return nil
+	}, "node2's no_local_endpoints_total{traffic_policy=internal}")
 	// Without local endpoints: dropped; upstream's IPVS mode answers (a
 	// virtual server without real servers) with ICMP port unreachable.
 	expect := b.expectTurnedAway
@@ -236,6 +250,23 @@ func testInternalTrafficPolicyLocal(t *testing.T, b *fbed, f family) {
 	expect(t, b.node(1).Netns, req(echo.ProtoTCP, vip, 80), f)
 	got := waitForPods(t, b.exited, on1[0].Netns, req(echo.ProtoTCP, vip, 80), on1...)
 	t.Logf("tcp %s -> %s (still local endpoints): %s", on1[0].PodName, vip, got)
+}
+
+// noLocalInternal reads the node's proxy's
+// kubeproxy_sync_proxy_rules_no_local_endpoints_total for the internal
+// traffic policy and f.
+func noLocalInternal(t *testing.T, node *netbed.Node, f family) float64 {
+	t.Helper()
+	fams, err := scrapeNode(node)
+	if err != nil {
+		t.Fatalf("%s metrics: %v", node.Spec.Name, err)
+	}
+	for _, m := range fams["kubeproxy_sync_proxy_rules_no_local_endpoints_total"].GetMetric() {
+		if l := labels(m.GetLabel()); l["traffic_policy"] == "internal" && l["ip_family"] == familyName(f) {
+			return m.GetGauge().GetValue()
+		}
+	}
+	return 0
 }
 
 // testTerminatingEndpoints: external traffic with policy Local falls back
