@@ -29,6 +29,7 @@ func TestRun(t *testing.T) {
 	}{
 		{name: "version", args: []string{"--version"}, stdout: []string{"kproxy version ", "(kube-proxy v1.36.3 compatible)"}},
 		{name: "version raw", args: []string{"--version=raw"}, stdout: []string{"kproxy version ", "go: go"}},
+		{name: "version override of another release", args: []string{"--version=v1.2.3"}, code: 1, stderr: []string{"must match major/minor/patch"}},
 		{name: "help", args: []string{"--help"}, stdout: []string{"--proxy-mode ProxyMode", "--iptables-masquerade-bit int32", "--source-file", "--dry-run", "--feature-gates", "--logging-format", "--vmodule"}},
 		{name: "write config", args: []string{"--write-config-to=" + out, "--proxy-mode=nftables"}, wantOutput: true},
 		{name: "invalid config lists every problem", args: []string{"--config=" + bad}, code: 1,
@@ -74,5 +75,23 @@ func TestRun(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestCheckVersionOverride(t *testing.T) {
+	for _, tc := range []struct {
+		s  string
+		ok bool
+	}{
+		{"v1.36.3", true},
+		{"v1.36.3-custom.1", true},
+		{"v1.36.3+build", true},
+		{"v1.36.4", false},
+		{"v1.35.3", false},
+		{"vX", false},
+	} {
+		if err := checkVersionOverride(tc.s, "v1.36.3"); (err == nil) != tc.ok {
+			t.Errorf("checkVersionOverride(%q) = %v, want ok=%v", tc.s, err, tc.ok)
+		}
 	}
 }

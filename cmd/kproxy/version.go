@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 
+	utilversion "k8s.io/apimachinery/pkg/util/version"
+
 	"github.com/kproxy/kproxy/internal/config"
 )
 
@@ -36,6 +38,9 @@ func (v *versionFlag) Set(s string) error {
 		return nil
 	}
 	if strings.HasPrefix(s, "v") {
+		if err := checkVersionOverride(s, config.UpstreamVersion); err != nil {
+			return err
+		}
 		reportedVersion = s
 		*v = versionOff
 		return nil
@@ -47,6 +52,27 @@ func (v *versionFlag) Set(s string) error {
 	*v = versionOff
 	if on {
 		*v = versionOn
+	}
+	return nil
+}
+
+// checkVersionOverride accepts s as the reported version when it is a
+// semantic version with def's major, minor and patch, as upstream's
+// --version=vX.Y.Z does (a pre-release or build suffix may differ).
+func checkVersionOverride(s, def string) error {
+	if s == def {
+		return nil
+	}
+	got, err := utilversion.ParseSemantic(s)
+	if err != nil {
+		return err
+	}
+	want, err := utilversion.ParseSemantic(def)
+	if err != nil {
+		return err
+	}
+	if got.Major() != want.Major() || got.Minor() != want.Minor() || got.Patch() != want.Patch() {
+		return fmt.Errorf("version %q must match major/minor/patch of default version %q", s, def)
 	}
 	return nil
 }
