@@ -53,11 +53,14 @@ func WriteConfig(path string, cfg *kpv1alpha1.KubeProxyConfiguration) error {
 // configuration (--write-config-to, /configz): apiVersion and kind set, and
 // the sections of the modes not selected without sync periods or
 // masqueradeAll, as upstream's internal-to-v1alpha1 conversion leaves them
-// (upstream keeps one sync period pair and one masqueradeAll internally).
+// (upstream keeps one sync period pair and one masqueradeAll internally),
+// and no portRange (upstream's internal configuration has none: it is
+// ignored, and load warns about it).
 func Canonical(cfg *kpv1alpha1.KubeProxyConfiguration) *kpv1alpha1.KubeProxyConfiguration {
 	c := cfg.DeepCopy()
 	c.APIVersion = kpv1alpha1.SchemeGroupVersion.String()
 	c.Kind = ConfigKind
+	c.PortRange = ""
 	active := modePeriods(c)
 	masqueradeAll := *active.masqueradeAll
 	sync, minSync := *active.sync, *active.minSync

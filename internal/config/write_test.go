@@ -141,3 +141,16 @@ func TestCanonical(t *testing.T) {
 		t.Errorf("(-want +got)\n%s", diff)
 	}
 }
+
+// TestCanonicalDropsPortRange: upstream's internal configuration has no
+// portRange, so its --write-config-to writes it empty.
+func TestCanonicalDropsPortRange(t *testing.T) {
+	o := mustLoad(t)
+	o.Config.PortRange = "30000-32767"
+	if got := Canonical(o.Config).PortRange; got != "" {
+		t.Errorf("portRange = %q, want empty", got)
+	}
+	if o.Config.PortRange == "" {
+		t.Errorf("Canonical changed its argument")
+	}
+}
