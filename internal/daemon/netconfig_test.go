@@ -200,10 +200,11 @@ func TestSyncPeriodsAndRunner(t *testing.T) {
 		sync, min     time.Duration
 		maxInterval   time.Duration
 		retryInterval time.Duration
+		fullInterval  time.Duration
 	}{
-		{ModeNFTables, 30 * time.Second, time.Second, time.Hour, 30 * time.Second},
-		{ModeIPTables, 40 * time.Second, 2 * time.Second, time.Hour, 40 * time.Second},
-		{ModeIPVS, 50 * time.Second, 3 * time.Second, 50 * time.Second, 50 * time.Second},
+		{ModeNFTables, 30 * time.Second, time.Second, time.Hour, 30 * time.Second, time.Hour},
+		{ModeIPTables, 40 * time.Second, 2 * time.Second, time.Hour, 40 * time.Second, time.Hour},
+		{ModeIPVS, 50 * time.Second, 3 * time.Second, 50 * time.Second, 50 * time.Second, 50 * time.Second},
 	}
 	for _, tc := range tests {
 		c.Mode = kpv1alpha1.ProxyMode(tc.mode)
@@ -214,7 +215,7 @@ func TestSyncPeriodsAndRunner(t *testing.T) {
 		dm := &daemon{o: testOptions(), mode: tc.mode, inputs: Inputs{Tracker: newFakeTracker(nil)}}
 		dm.o.Config = &c
 		rc := dm.runnerConfig()
-		if rc.MaxInterval != tc.maxInterval || rc.RetryInterval != tc.retryInterval || rc.MinInterval != tc.min {
+		if rc.MaxInterval != tc.maxInterval || rc.RetryInterval != tc.retryInterval || rc.MinInterval != tc.min || rc.FullInterval != tc.fullInterval {
 			t.Errorf("%s: runner config = %+v", tc.mode, rc)
 		}
 	}

@@ -94,12 +94,15 @@ func newDaemon(o *config.Options, e env) (*daemon, error) {
 
 // runnerConfig maps the mode's sync periods onto the runner as upstream v1.36
 // does: iptables and nftables sync at least hourly (always full), retry after
-// syncPeriod; ipvs syncs every syncPeriod.
+// syncPeriod; ipvs syncs every syncPeriod, each time whole: upstream's IPVS
+// sync re-reads the virtual servers, re-adds its chains and jumps and
+// rewrites its sets and rules, which repairs what others changed (ipvsadm
+// -C, ipset flush, iptables -F) within a sync period.
 func (d *daemon) runnerConfig() runner.Config {
 	syncPeriod, minSync := syncPeriods(d.o.Config)
-	maxInterval := runner.FullSyncPeriod
+	maxInterval, fullInterval := runner.FullSyncPeriod, runner.FullSyncPeriod
 	if d.mode == ModeIPVS && syncPeriod > 0 {
-		maxInterval = syncPeriod
+		maxInterval, fullInterval = syncPeriod, syncPeriod
 	}
 	if maxInterval < minSync {
 		maxInterval = minSync
@@ -108,7 +111,7 @@ func (d *daemon) runnerConfig() runner.Config {
 		MinInterval:   minSync,
 		MaxInterval:   maxInterval,
 		RetryInterval: syncPeriod,
-		FullInterval:  runner.FullSyncPeriod,
+		FullInterval:  fullInterval,
 		PollInterval:  d.env.pollInterval,
 		Ready:         d.inputsSynced,
 		Drifted:       d.drifted,

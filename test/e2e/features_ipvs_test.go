@@ -13,8 +13,10 @@ import (
 	"testing"
 	"time"
 
+	libipvs "github.com/moby/ipvs"
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/kproxy/kproxy/test/testbed/controlplane"
 	"github.com/kproxy/kproxy/test/testbed/netbed"
 	"github.com/kproxy/kproxy/test/testbed/netbed/echo"
 )
@@ -25,9 +27,10 @@ import (
 // sh stable per client, lc toward the idle endpoint, wrr by weight, the
 // ipvs.kproxy.io/scheduler annotation, an unknown one reported),
 // graceful termination of a real server with a live connection (weight
-// 0, the connection served, the real server deleted once it closed), and
-// strictARP. kproxy runs on node1 with --ipvs-sync-period 2s, so drained
-// real servers are looked at every 2 s.
+// 0, the connection served, the real server deleted once it closed), the
+// repair of virtual servers deleted behind kproxy's back, and strictARP.
+// kproxy runs on node1 with --ipvs-sync-period 2s, so drained real servers
+// are looked at, and the kernel re-read, every 2 s.
 func TestIPVSMode(t *testing.T) {
 	kproxyOnly(t, "kproxy's IPVS mode")
 	if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
@@ -39,6 +42,8 @@ func TestIPVSMode(t *testing.T) {
 	t.Run("Schedulers", func(t *testing.T) { testIPVSSchedulers(t, b) })
 	t.Run("GracefulTermination", func(t *testing.T) { testIPVSGracefulTermination(t, b) })
 	t.Run("InitOnly", func(t *testing.T) { testIPVSInitOnly(t, b) })
+	t.Run("RepairWithinSyncPeriod", func(t *testing.T) { testIPVSRepair(t, b) })
+	t.Run("HealthCheckThroughHostFirewall", func(t *testing.T) { testIPVSHealthCheckFirewall(t, b) })
 	t.Run("StrictARP", func(t *testing.T) {
 		for sysctl, want := range map[string]string{"arp_ignore": "1", "arp_announce": "2"} {
 			out, err := b.node.Run(context.Background(), "cat", "/proc/sys/net/ipv4/conf/all/"+sysctl)
@@ -47,6 +52,104 @@ func TestIPVSMode(t *testing.T) {
 			}
 		}
 	})
+}
+
+// testIPVSRepair: every sync in IPVS mode is whole, as upstream's, so
+// virtual servers someone else deleted (`ipvsadm -C`) are back within a
+// sync period (2 s here; 30 s by default), and the Service answers again.
+func testIPVSRepair(t *testing.T, b *migBed) {
+	svc := b.ipvsService(t, "repair", "", b.pods...)
+	vip := clusterIP(t, svc, false)
+	var deleted int
+	err := b.node.Do(func() error {
+		h, err := libipvs.New("")
+		if err != nil {
+			return err
+		}
+		defer h.Close()
+		svcs, err := h.GetServices()
+		if err != nil {
+			return err
+		}
+		for _, s := range svcs {
+			if err := h.DelService(s); err != nil {
+				return err
+			}
+			deleted++
+		}
+		return nil
+	})
+	if err != nil || deleted == 0 {
+		t.Fatalf("deleting node1's virtual servers: %d deleted, %v", deleted, err)
+	}
+	cleared := time.Now()
+	if r := b.pods[0].Netns.Send(context.Background(), b.tcpTo(svc)); r.OK() {
+		t.Logf("%s answered right after its virtual server went (%s): a sync came first", vip, r)
+	}
+	eventuallyWithin(t, 20*time.Second, b.exited, func() error {
+		if r := b.pods[0].Netns.Send(context.Background(), b.tcpTo(svc)); !r.OK() {
+			return fmt.Errorf("%s", r)
+		}
+		return nil
+	}, "Service %s answers after its virtual server was deleted", vip)
+	t.Logf("%d virtual servers deleted; %s answered again after %v", deleted, vip, time.Since(cleared).Round(time.Millisecond))
+}
+
+// testIPVSHealthCheckFirewall: on a node whose INPUT drops what it does not
+// accept (a host firewall: loopback and established traffic in, policy
+// DROP), a load balancer still reaches the health-check node port of an
+// externalTrafficPolicy Local Service: kproxy's filter KUBE-NODE-PORT
+// accepts it, as upstream's IPVS mode does.
+func testIPVSHealthCheckFirewall(t *testing.T, b *migBed) {
+	ctx := context.Background()
+	svc := controlplane.NewService(b.api.ns, "hc-firewall", nil, controlplane.ServicePort("tcp", v1.ProtocolTCP, 80, echoPort))
+	svc.Spec.Type = v1.ServiceTypeLoadBalancer
+	svc.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	svc, err := b.api.cp.ApplyService(ctx, svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.api.cp.DeleteService(context.Background(), b.api.ns, "hc-firewall") })
+	local := b.pods[:2] // node1's
+	b.api.setEndpoints("hc-firewall", local)
+	url := "http://" + netip.AddrPortFrom(b.node.Spec.IP4, uint16(svc.Spec.HealthCheckNodePort)).String() + "/"
+	get := func() error {
+		code, body, err := b.bed.Client().HTTPGet(ctx, url)
+		if err != nil {
+			return err
+		}
+		if want := fmt.Sprintf(`"localEndpoints": %d`, len(local)); code != 200 || !strings.Contains(body, want) {
+			return fmt.Errorf("%d %s, want 200 with %s", code, body, want)
+		}
+		return nil
+	}
+	eventually(t, b.exited, get, "health-check node port %s", url)
+
+	firewall := [][]string{
+		{"-I", "INPUT", "-i", "lo", "-j", "ACCEPT"},
+		{"-A", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"},
+		{"-P", "INPUT", "DROP"},
+	}
+	t.Cleanup(func() {
+		for _, args := range [][]string{
+			{"-P", "INPUT", "ACCEPT"},
+			{"-D", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"},
+			{"-D", "INPUT", "-i", "lo", "-j", "ACCEPT"},
+		} {
+			if out, err := b.node.Run(context.Background(), append([]string{"iptables", "-w"}, args...)...); err != nil {
+				t.Errorf("iptables %v: %v %s", args, err, out)
+			}
+		}
+	})
+	for _, args := range firewall {
+		if out, err := b.node.Run(ctx, append([]string{"iptables", "-w"}, args...)...); err != nil {
+			t.Fatalf("iptables %v: %v %s", args, err, out)
+		}
+	}
+	if err := get(); err != nil {
+		rules, _ := b.node.IptablesSave(ctx, false)
+		t.Fatalf("health-check node port %s behind the node's firewall: %v\n%s", url, err, rules)
+	}
 }
 
 // testIPVSInitOnly: kproxy --init-only in ipvs mode, run in a namespace of

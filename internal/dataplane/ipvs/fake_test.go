@@ -29,6 +29,8 @@ type fakeKernel struct {
 	// noSched are schedulers this kernel lacks: a service asking for one
 	// is refused with ENOENT, as ip_vs_ctl refuses it.
 	noSched map[string]bool
+	// release is KernelRelease's answer ("" is "6.1.0-57-amd64").
+	release string
 }
 
 func newFakeKernel(local ...string) *fakeKernel {
@@ -229,6 +231,13 @@ func (k *fakeKernel) EnsureJump(fam model.Family, j jump) error {
 }
 
 func (k *fakeKernel) Has(string) bool { return true }
+
+func (k *fakeKernel) KernelRelease() (string, error) {
+	if k.release == "" {
+		return "6.1.0-57-amd64", nil
+	}
+	return k.release, nil
+}
 
 func (k *fakeKernel) WriteSysctl(name string, v int) error {
 	if k.sysctls[name] != v {

@@ -13,6 +13,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -158,6 +159,15 @@ func (p *Proxier) nodeSettings() []error {
 		sysctls = append(sysctls, sysctl{"net.ipv4.conf.all.arp_ignore", 1}, sysctl{"net.ipv4.conf.all.arp_announce", 2})
 	}
 	var errs []error
+	switch rel, err := p.k.KernelRelease(); {
+	case err != nil:
+		errs = append(errs, fmt.Errorf("reading the kernel release: %w", err))
+	case connReuseModeZero(rel):
+		// Kernels 4.1 to 5.8 with conntrack on delay a new connection
+		// that reuses the ports of one in TIME_WAIT by a second
+		// (kubernetes#81775); upstream sets the mode to 0 there.
+		sysctls = append(sysctls, sysctl{"net.ipv4.vs.conn_reuse_mode", 0})
+	}
 	for _, s := range sysctls {
 		if err := p.k.WriteSysctl(s.name, s.v); err != nil {
 			errs = append(errs, fmt.Errorf("sysctl %s=%d: %w", s.name, s.v, err))
@@ -170,6 +180,27 @@ func (p *Proxier) nodeSettings() []error {
 		}
 	}
 	return errs
+}
+
+// connReuseModeZero reports whether a kernel of release rel needs
+// net.ipv4.vs.conn_reuse_mode=0, as upstream sets it: from 4.1 (which has
+// the sysctl) to before 5.9 (which fixed the delay). An unparsable release
+// is left alone.
+func connReuseModeZero(rel string) bool {
+	major, rest, ok := strings.Cut(rel, ".")
+	if !ok {
+		return false
+	}
+	if i := strings.IndexFunc(rest, func(r rune) bool { return r < '0' || r > '9' }); i >= 0 {
+		rest = rest[:i]
+	}
+	ma, err1 := strconv.Atoi(major)
+	mi, err2 := strconv.Atoi(rest)
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	v := ma*1000 + mi
+	return v >= 4001 && v < 5009
 }
 
 // readKernel rebuilds the mirror from the kernel.

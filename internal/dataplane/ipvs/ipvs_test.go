@@ -513,3 +513,34 @@ func TestNoLocalDetection(t *testing.T) {
 		}
 	}
 }
+
+// TestConnReuseMode: on kernels 4.1 to 5.8 the full sync (and
+// --init-only) sets net.ipv4.vs.conn_reuse_mode=0, as upstream does;
+// other kernels keep theirs.
+func TestConnReuseMode(t *testing.T) {
+	for _, tc := range []struct {
+		release string
+		set     bool
+	}{
+		{"4.0.9", false},
+		{"4.1.0", true},
+		{"4.19.0-26-amd64", true},
+		{"5.4.0-150-generic", true},
+		{"5.8.18", true},
+		{"5.9.0", false},
+		{"6.1.0-57-amd64", false},
+		{"4.19-rc1", true},
+		{"garbage", false},
+	} {
+		t.Run(tc.release, func(t *testing.T) {
+			k := newFakeKernel(nodeIP)
+			k.release = tc.release
+			k.sysctls["net.ipv4.vs.conn_reuse_mode"] = 1
+			p, _ := New(testConfig(), withKernel(k))
+			syncSnap(t, p, featureSnapshot(), true)
+			if got := k.sysctls["net.ipv4.vs.conn_reuse_mode"] == 0; got != tc.set {
+				t.Errorf("conn_reuse_mode set to 0: %v, want %v", got, tc.set)
+			}
+		})
+	}
+}

@@ -62,6 +62,9 @@ type kernel interface {
 	EnsureJump(fam model.Family, j jump) error
 
 	WriteSysctl(name string, v int) error
+	// KernelRelease returns the running kernel's release
+	// (/proc/sys/kernel/osrelease, e.g. "5.4.0-150-generic").
+	KernelRelease() (string, error)
 	// Has reports whether a /proc or /sys path exists (what the kernel
 	// has loaded: /proc/net/ip_vs, /sys/module/ip_set).
 	Has(path string) bool
@@ -338,6 +341,11 @@ func (k *osKernel) EnsureJump(fam model.Family, j jump) error {
 func (k *osKernel) Has(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
+}
+
+func (k *osKernel) KernelRelease() (string, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/osrelease")
+	return strings.TrimSpace(string(b)), err
 }
 
 func (k *osKernel) WriteSysctl(name string, v int) error {

@@ -118,6 +118,7 @@ var jumps = []jump{
 	{"nat", "PREROUTING", `-m comment --comment "kubernetes service portals" -j ` + chainServices},
 	{"nat", "OUTPUT", `-m comment --comment "kubernetes service portals" -j ` + chainServices},
 	{"nat", "POSTROUTING", `-m comment --comment "kubernetes postrouting rules" -j ` + chainPostrouting},
+	{"filter", "INPUT", `-m comment --comment "kubernetes health check rules" -j ` + chainNodePort},
 	{"filter", "INPUT", `-m comment --comment "kubernetes ipvs access filter" -j ` + chainIPVSFilter},
 	{"filter", "FORWARD", `-m comment --comment "kubernetes forwarding rules" -j ` + chainForward},
 	{"filter", "OUTPUT", `-m comment --comment "kubernetes ipvs access filter" -j ` + chainIPVSOutFilter},
@@ -199,11 +200,14 @@ func (r *renderer) iptablesRules() string {
 	rule(chainPostrouting, `-m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully`)
 	rule(chainMarkMasq, "-j MARK --or-mark", mark)
 	b.WriteString("COMMIT\n*filter\n")
-	for _, c := range []string{chainForward, chainIPVSFilter, chainIPVSOutFilter} {
+	for _, c := range []string{chainForward, chainNodePort, chainIPVSFilter, chainIPVSOutFilter} {
 		b.WriteString(":" + c + " - [0:0]\n")
 	}
 	rule(chainForward, `-m comment --comment "kubernetes forwarding rules" -m mark --mark`, mark+"/"+mark, "-j ACCEPT")
 	rule(chainForward, `-m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT`)
+	// Health-check node ports are let in on a node whose INPUT drops by
+	// default (a host firewall), as upstream's IPVS mode does.
+	rule(chainNodePort, `-m comment --comment "Kubernetes health check node port" -m set --match-set`, set(setHealthCheck), "dst -j ACCEPT")
 	rule(chainIPVSFilter, "-m set --match-set", set(setLoadBalancerFW), "dst,dst -m set ! --match-set",
 		set(setLoadBalancerSourceCIDR), "dst,dst,src -j DROP")
 	for _, s := range []string{setLoadBalancer, setClusterIP, setExternalIP} {
