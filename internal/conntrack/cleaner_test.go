@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/kproxy/kproxy/internal/model"
 	"github.com/kproxy/kproxy/internal/objects"
@@ -171,5 +172,28 @@ func TestCleanerNodePortSYNsToTheNodeOnly(t *testing.T) {
 				t.Errorf("flows left = %v, want %v", got, tc.left)
 			}
 		})
+	}
+}
+
+// TestMerge: the walks before and after a commit are one cleanup per
+// family.
+func TestMerge(t *testing.T) {
+	before := []Result{{Family: model.IPv4, Deleted: 2, Duration: time.Millisecond}, {Family: model.IPv6, Skipped: true}}
+	after := []Result{{Family: model.IPv4, Deleted: 1, Duration: 2 * time.Millisecond}, {Family: model.IPv6, Skipped: true}}
+	got := Merge(before, after)
+	want := []Result{{Family: model.IPv4, Deleted: 3, Duration: 3 * time.Millisecond}, {Family: model.IPv6, Skipped: true}}
+	if !slices.Equal(got, want) {
+		t.Errorf("Merge = %+v, want %+v", got, want)
+	}
+	if got := Merge(nil, after); !slices.Equal(got, after) {
+		t.Errorf("Merge(nil, after) = %+v", got)
+	}
+	onlyV6 := Merge([]Result{{Family: model.IPv6, Deleted: 1}}, []Result{{Family: model.IPv6, Skipped: true}})
+	if len(onlyV6) != 1 || onlyV6[0].Skipped || onlyV6[0].Deleted != 1 {
+		t.Errorf("a family walked only before the commit: %+v", onlyV6)
+	}
+	failed := Merge([]Result{{Family: model.IPv4, Err: errors.New("no")}}, []Result{{Family: model.IPv4}})
+	if failed[0].Err == nil {
+		t.Errorf("the walk before the commit failed, the merge has no error")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -210,6 +211,26 @@ type Result struct {
 	Duration time.Duration
 	// Err is nil, or the failure (wrapping ErrPartial for a partial walk).
 	Err error
+}
+
+// Merge adds the results of a walk before the commit (CleanSYNs) to those
+// of Clean after it, family by family: one sync's cleanup, as the metrics
+// count it. A family is Skipped when both skipped it.
+func Merge(before, after []Result) []Result {
+	out := slices.Clone(after)
+	for _, b := range before {
+		i := slices.IndexFunc(out, func(r Result) bool { return r.Family == b.Family })
+		if i < 0 {
+			out = append(out, b)
+			continue
+		}
+		r := &out[i]
+		r.Skipped = r.Skipped && b.Skipped
+		r.Deleted += b.Deleted
+		r.Duration += b.Duration
+		r.Err = errors.Join(b.Err, r.Err)
+	}
+	return out
 }
 
 // Cleaner deletes stale conntrack entries after each successful sync.

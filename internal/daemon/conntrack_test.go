@@ -53,10 +53,11 @@ func TestSYNsGoBeforeTheIPVSCommit(t *testing.T) {
 			tr.notify = func() {}
 			tr.putService(web)
 			dp := &commitProbe{fakeDataplane: newFakeDataplane(), table: table}
+			reports := &reportLog{}
 			d := &daemon{o: testOptions(), env: testEnv(nil, dp.fakeDataplane), mode: tc.mode, inputs: Inputs{Tracker: tr},
-				cleaner: conntrack.NewCleaner(table), dp: dp, fams: []model.Family{model.IPv4}}
+				cleaner: conntrack.NewCleaner(table), dp: dp, fams: []model.Family{model.IPv4}, obs: observers{reports}}
 
-			if err := d.sync(context.Background(), runner.Request{Full: true, Reason: "test"}); err != nil {
+			if err := d.sync(context.Background(), runner.Request{Full: true, Reason: runner.ReasonInitial}); err != nil {
 				t.Fatalf("sync: %v", err)
 			}
 			if dp.atCommit != tc.leftAtCommit {
@@ -72,6 +73,29 @@ func TestSYNsGoBeforeTheIPVSCommit(t *testing.T) {
 			if table.Walks[model.IPv4] != wantWalks {
 				t.Errorf("walks = %d, want %d", table.Walks[model.IPv4], wantWalks)
 			}
+			// The metrics hear of the SYN whichever walk deleted it.
+			if ct := reports.last().Conntrack; len(ct) == 0 || ct[0].Family != model.IPv4 || ct[0].Deleted != 1 || ct[0].Skipped {
+				t.Errorf("reported cleanup %+v, want IPv4 with 1 deleted", ct)
+			}
+
+			// A periodic full sync with nothing changed: the other modes
+			// clean every frontend again; IPVS mode's, whole only to
+			// repair the kernel, read no conntrack.
+			walks := table.Walks[model.IPv4]
+			if err := d.sync(context.Background(), runner.Request{Full: true, Reason: runner.ReasonPeriodic}); err != nil {
+				t.Fatalf("periodic sync: %v", err)
+			}
+			if walked := table.Walks[model.IPv4] > walks; walked != (tc.mode != ModeIPVS) {
+				t.Errorf("periodic full sync walked conntrack: %v, want %v", walked, tc.mode != ModeIPVS)
+			}
 		})
 	}
 }
+
+// reportLog is an Observer that keeps the sync reports.
+type reportLog struct{ reports []SyncReport }
+
+func (r *reportLog) Started([]model.Family) {}
+func (r *reportLog) Queued([]model.Family)  {}
+func (r *reportLog) Synced(s SyncReport)    { r.reports = append(r.reports, s) }
+func (r *reportLog) last() SyncReport       { return r.reports[len(r.reports)-1] }

@@ -8,6 +8,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/kproxy/kproxy/internal/conntrack"
 	"github.com/kproxy/kproxy/internal/dataplane"
 	"github.com/kproxy/kproxy/internal/model"
 	"github.com/kproxy/kproxy/internal/runner"
@@ -29,13 +30,18 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 	if d.prev == nil && d.endColdLimit == nil {
 		d.endColdLimit = startColdLimit(ctx)
 	}
+	modelDone := d.env.clock.Now()
+	// IPVS mode's periodic syncs are whole to repair the kernel, as
+	// upstream's; conntrack has nothing new to clean then, so they clean
+	// only what changed, as upstream's IPVS mode does.
+	ctFull := req.Full && (d.mode != ModeIPVS || req.Reason != runner.ReasonPeriodic)
+	var synsCleaned []conntrack.Result
 	if d.mode == ModeIPVS {
 		// IPVS forwards a SYN that matches an un-DNATed entry from before
 		// the sync, bypassing the nat table (and so its masquerade): such
 		// entries go before the commit as well as after it.
-		d.cleaner.CleanSYNs(ctx, d.prev, snap, req.Full)
+		synsCleaned = d.cleaner.CleanSYNs(ctx, d.prev, snap, ctFull)
 	}
-	modelDone := d.env.clock.Now()
 
 	err := d.dp.Sync(ctx, snap, dataplane.SyncRequest{Full: req.Full, Changed: b.Changed, NodeChanged: b.NodeChanged})
 	dpDone := d.env.clock.Now()
@@ -71,7 +77,7 @@ func (d *daemon) sync(ctx context.Context, req runner.Request) error {
 	if w, ok := d.dp.(interface{ Writer() string }); ok {
 		report.Writer = w.Writer()
 	}
-	report.Conntrack = d.cleaner.Clean(ctx, d.prev, snap, req.Full)
+	report.Conntrack = conntrack.Merge(synsCleaned, d.cleaner.Clean(ctx, d.prev, snap, ctFull))
 	ctDone := d.env.clock.Now()
 	d.prev = snap
 	report.Snapshot = snap

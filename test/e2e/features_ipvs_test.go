@@ -125,26 +125,28 @@ func testIPVSHealthCheckFirewall(t *testing.T, b *migBed) {
 	}
 	eventually(t, b.exited, get, "health-check node port %s", url)
 
-	firewall := [][]string{
-		{"-I", "INPUT", "-i", "lo", "-j", "ACCEPT"},
-		{"-A", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"},
-		{"-P", "INPUT", "DROP"},
+	iptables := func(args ...string) error {
+		if out, err := b.node.Run(context.Background(), append([]string{"iptables", "-w"}, args...)...); err != nil {
+			return fmt.Errorf("iptables %v: %v %s", args, err, out)
+		}
+		return nil
 	}
-	t.Cleanup(func() {
-		for _, args := range [][]string{
-			{"-P", "INPUT", "ACCEPT"},
-			{"-D", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"},
-			{"-D", "INPUT", "-i", "lo", "-j", "ACCEPT"},
-		} {
-			if out, err := b.node.Run(context.Background(), append([]string{"iptables", "-w"}, args...)...); err != nil {
-				t.Errorf("iptables %v: %v %s", args, err, out)
+	// Each step and its undo; an undo is registered once its step is in
+	// place (cleanups run last first: the policy goes back first).
+	for _, step := range [][2][]string{
+		{{"-I", "INPUT", "-i", "lo", "-j", "ACCEPT"}, {"-D", "INPUT", "-i", "lo", "-j", "ACCEPT"}},
+		{{"-A", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"},
+			{"-D", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"}},
+		{{"-P", "INPUT", "DROP"}, {"-P", "INPUT", "ACCEPT"}},
+	} {
+		if err := iptables(step[0]...); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := iptables(step[1]...); err != nil {
+				t.Error(err)
 			}
-		}
-	})
-	for _, args := range firewall {
-		if out, err := b.node.Run(ctx, append([]string{"iptables", "-w"}, args...)...); err != nil {
-			t.Fatalf("iptables %v: %v %s", args, err, out)
-		}
+		})
 	}
 	if err := get(); err != nil {
 		rules, _ := b.node.IptablesSave(ctx, false)

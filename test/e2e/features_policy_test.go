@@ -220,7 +220,10 @@ func testInternalTrafficPolicyLocal(t *testing.T, b *fbed, f family) {
 		got := waitForPods(t, b.exited, c.ns, req(echo.ProtoTCP, vip, 80), c.want...)
 		t.Logf("tcp %s -> %s: %s", c.ns.Name, vip, got)
 	}
-	before := noLocalInternal(t, b.node(1), f)
+	before, err := noLocalInternal(b.node(1), f)
+	if err != nil {
+		t.Fatal(err)
+	}
 	b.setSlices(t, svc.Name, nil, readyEPs(on1...))
 	// node2's kubeproxy_sync_proxy_rules_no_local_endpoints_total counts
 	// the Service's two ports, or in IPVS mode the Service once, as
@@ -230,7 +233,11 @@ func testInternalTrafficPolicyLocal(t *testing.T, b *fbed, f family) {
 		wantMore = 1
 	}
 	eventually(t, b.exited, func() error {
-		if got := noLocalInternal(t, b.node(1), f); got != before+wantMore {
+		got, err := noLocalInternal(b.node(1), f)
+		if err != nil {
+			return err
+		}
+		if got != before+wantMore {
 			return fmt.Errorf("%v, want %v (%v before, +%v)", got, before+wantMore, before, wantMore)
 		}
 		return nil
@@ -255,18 +262,17 @@ func testInternalTrafficPolicyLocal(t *testing.T, b *fbed, f family) {
 // noLocalInternal reads the node's proxy's
 // kubeproxy_sync_proxy_rules_no_local_endpoints_total for the internal
 // traffic policy and f.
-func noLocalInternal(t *testing.T, node *netbed.Node, f family) float64 {
-	t.Helper()
+func noLocalInternal(node *netbed.Node, f family) (float64, error) {
 	fams, err := scrapeNode(node)
 	if err != nil {
-		t.Fatalf("%s metrics: %v", node.Spec.Name, err)
+		return 0, fmt.Errorf("%s metrics: %w", node.Spec.Name, err)
 	}
 	for _, m := range fams["kubeproxy_sync_proxy_rules_no_local_endpoints_total"].GetMetric() {
 		if l := labels(m.GetLabel()); l["traffic_policy"] == "internal" && l["ip_family"] == familyName(f) {
-			return m.GetGauge().GetValue()
+			return m.GetGauge().GetValue(), nil
 		}
 	}
-	return 0
+	return 0, nil
 }
 
 // testTerminatingEndpoints: external traffic with policy Local falls back
