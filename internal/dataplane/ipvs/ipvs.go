@@ -13,11 +13,11 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 
 	libipvs "github.com/moby/ipvs"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/klog/v2"
 
 	"github.com/kproxy/kproxy/internal/dataplane"
@@ -187,21 +187,14 @@ func (p *Proxier) nodeSettings() []error {
 // the sysctl) to before 5.9 (which fixed the delay). An unparsable release
 // is left alone.
 func connReuseModeZero(rel string) bool {
-	major, rest, ok := strings.Cut(rel, ".")
-	if !ok {
-		return false
-	}
-	if i := strings.IndexFunc(rest, func(r rune) bool { return r < '0' || r > '9' }); i >= 0 {
-		rest = rest[:i]
-	}
-	ma, err1 := strconv.Atoi(major)
-	mi, err2 := strconv.Atoi(rest)
-	if err1 != nil || err2 != nil {
-		return false
-	}
-	v := ma*1000 + mi
-	return v >= 4001 && v < 5009
+	v, err := utilversion.ParseGeneric(rel)
+	return err == nil && v.AtLeast(connReuseModeFrom) && v.LessThan(connReuseModeFixed)
 }
+
+var (
+	connReuseModeFrom  = utilversion.MustParseGeneric("4.1")
+	connReuseModeFixed = utilversion.MustParseGeneric("5.9")
+)
 
 // readKernel rebuilds the mirror from the kernel.
 func (p *Proxier) readKernel() error {
