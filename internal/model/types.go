@@ -161,14 +161,30 @@ type FamilySnapshot struct {
 type portTally struct {
 	// noLocalInternal and noLocalExternal count the ports with endpoints
 	// whose Local internal (external) traffic policy finds none on this
-	// node.
-	noLocalInternal, noLocalExternal int
-	// noLocalInternalSvcs and noLocalExternalSvcs count the Services
-	// with at least one such port.
-	noLocalInternalSvcs, noLocalExternalSvcs int
+	// node, and their Services.
+	noLocalInternal, noLocalExternal noLocalCount
 	// healthChecked are the ports with a health-check node port, in Ports
 	// order.
 	healthChecked []*ServicePort
+}
+
+// noLocalCount counts ports whose Local policy finds no local endpoint,
+// and the Services they belong to.
+type noLocalCount struct{ ports, services int }
+
+// add counts p; last is the port counted before it (nil: none), whose
+// Service, when it is p's, is not counted again.
+func (c *noLocalCount) add(p *ServicePort, last **ServicePort) {
+	c.ports++
+	if *last == nil || (*last).ID.Service() != p.ID.Service() {
+		c.services++
+	}
+	*last = p
+}
+
+// replace returns c with gone taken out and added counted.
+func (c noLocalCount) replace(gone, added noLocalCount) noLocalCount {
+	return noLocalCount{c.ports - gone.ports + added.ports, c.services - gone.services + added.services}
 }
 
 // tallyOf returns the tally of ports, which hold each Service's ports one
@@ -180,18 +196,10 @@ func tallyOf(ports ...[]*ServicePort) portTally {
 		for _, p := range list {
 			if p.HasEndpoints && len(p.LocalEndpoints) == 0 {
 				if p.InternalPolicyLocal {
-					t.noLocalInternal++
-					if lastInternal == nil || lastInternal.ID.Service() != p.ID.Service() {
-						t.noLocalInternalSvcs++
-					}
-					lastInternal = p
+					t.noLocalInternal.add(p, &lastInternal)
 				}
 				if p.ExternalPolicyLocal {
-					t.noLocalExternal++
-					if lastExternal == nil || lastExternal.ID.Service() != p.ID.Service() {
-						t.noLocalExternalSvcs++
-					}
-					lastExternal = p
+					t.noLocalExternal.add(p, &lastExternal)
 				}
 			}
 			if p.HealthCheckNodePort != 0 {
@@ -207,14 +215,14 @@ func tallyOf(ports ...[]*ServicePort) portTally {
 // policy finds none on this node. Ports without any endpoint are rejected
 // outright and not counted. It does not walk the ports.
 func (fs *FamilySnapshot) NoLocalEndpoints() (internal, external int) {
-	return fs.tally.noLocalInternal, fs.tally.noLocalExternal
+	return fs.tally.noLocalInternal.ports, fs.tally.noLocalExternal.ports
 }
 
 // NoLocalEndpointServices is NoLocalEndpoints by Service instead of by
 // port, as upstream's IPVS mode counts: a Service with two such ports
 // counts once.
 func (fs *FamilySnapshot) NoLocalEndpointServices() (internal, external int) {
-	return fs.tally.noLocalInternalSvcs, fs.tally.noLocalExternalSvcs
+	return fs.tally.noLocalInternal.services, fs.tally.noLocalExternal.services
 }
 
 // HealthChecked returns the ports with a health-check node port, sorted by

@@ -55,14 +55,12 @@ func (t portTally) replace(ports []*ServicePort, spans [][2]int, fresh []*Servic
 		goneLists[i] = ports[sp[0]:sp[1]]
 	}
 	gone, added := tallyOf(goneLists...), tallyOf(fresh)
+	// spans and fresh hold whole Services, so their Service counts are
+	// exact too.
 	out := portTally{
-		noLocalInternal: t.noLocalInternal - gone.noLocalInternal + added.noLocalInternal,
-		noLocalExternal: t.noLocalExternal - gone.noLocalExternal + added.noLocalExternal,
-		// spans and fresh hold whole Services, so their Service counts
-		// are exact too.
-		noLocalInternalSvcs: t.noLocalInternalSvcs - gone.noLocalInternalSvcs + added.noLocalInternalSvcs,
-		noLocalExternalSvcs: t.noLocalExternalSvcs - gone.noLocalExternalSvcs + added.noLocalExternalSvcs,
-		healthChecked:       t.healthChecked,
+		noLocalInternal: t.noLocalInternal.replace(gone.noLocalInternal, added.noLocalInternal),
+		noLocalExternal: t.noLocalExternal.replace(gone.noLocalExternal, added.noLocalExternal),
+		healthChecked:   t.healthChecked,
 	}
 	if len(gone.healthChecked) > 0 || len(added.healthChecked) > 0 {
 		// Merge: the kept ones in order, the fresh ones (sorted) at their
