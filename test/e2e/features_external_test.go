@@ -27,6 +27,7 @@ const (
 	ipETPLocal
 	ipTerminating
 	ipNoExternalIP
+	ipETPLocalExternalIP
 )
 
 // nodePortCIDRs is --nodeport-addresses of the NodePortAddresses variant:

@@ -137,6 +137,23 @@ func testExternalTrafficPolicyLocal(t *testing.T, b *fbed, f family) {
 	b.explainAgrees(t, n2, podIP(pod, f), req(echo.ProtoTCP, nodeAddr(n2, f), np), got)
 	got = waitForPods(t, b.exited, pod.Netns, req(echo.ProtoTCP, lb, 80), local...)
 	t.Logf("tcp pod %s -> LB %s:80: %s", pod.PodName, lb, got)
+
+	// An external IP of a Local-policy Service whose port number is also
+	// a Cluster-policy NodePort keeps the client's address too: the
+	// external IP is matched before the node ports (IPVS mode once
+	// masqueraded it, its external IP being a local address of node1).
+	clusterNP := b.applyService(t, svcName("etplocal-np", f), v1.ServiceTypeNodePort)
+	port := nodePort(t, clusterNP, "tcp")
+	ext := extIP(f, ipETPLocalExternalIP)
+	extSvc := b.applyService(t, svcName("etplocal-ext", f), v1.ServiceTypeClusterIP, withETPLocal, func(s *v1.Service) {
+		s.Spec.ExternalIPs = []string{ext.String()}
+		s.Spec.Ports = []v1.ServicePort{controlplane.ServicePort("tcp", v1.ProtocolTCP, int32(port), echoPort)}
+	})
+	b.setSlices(t, extSvc.Name, nil, readyEPs(local...))
+	routeVia(t, b.bed.Client(), ext, n1, f)
+	got = waitForPods(t, b.exited, b.bed.Client(), req(echo.ProtoTCP, ext, port), local...)
+	t.Logf("tcp client -> externalIP %s:%d (a Cluster-policy NodePort's number): %s", ext, port, got)
+	checkSources(t, fmt.Sprintf("tcp client -> externalIP %s:%d", ext, port), got, kept, keptWhat)
 }
 
 // checkHealthCountsOtherPorts: a slice whose port no Service port names

@@ -178,9 +178,14 @@ func (r *renderer) iptablesRules() string {
 	}
 	rule(chainServices, `-m comment --comment "Kubernetes service external ip + port for masquerade and filter purpose"`,
 		"-m set --match-set", set(setExternalIP), "dst,dst -m set ! --match-set", set(setExternalIPLocal), "dst,dst -j", masq)
+	// An external IP is accepted before the NodePort jump, as upstream's:
+	// kube-ipvs0 makes it a local address, and a port of it that is also
+	// a Cluster-policy NodePort would otherwise be marked there, taking
+	// the client's address from an externalTrafficPolicy: Local Service.
+	rule(chainServices, "-m set --match-set", set(setExternalIP), "dst,dst -j ACCEPT")
 	rule(chainServices, "-m set --match-set", set(setLoadBalancer), "dst,dst -j", chainLoadBalancer)
 	rule(chainServices, "-m addrtype --dst-type LOCAL -j", chainNodePort)
-	for _, s := range []string{setClusterIP, setLoadBalancer, setExternalIP} {
+	for _, s := range []string{setClusterIP, setLoadBalancer} {
 		rule(chainServices, "-m set --match-set", set(s), "dst,dst -j ACCEPT")
 	}
 	rule(chainLoadBalancer, "-m set --match-set", set(setLoadBalancerLocal), "dst,dst -j RETURN")
